@@ -1,0 +1,26 @@
+"""The one place that imports TensorFlow.
+
+TensorFlow must be imported *after* torch and torchvision in a process: the other order segfaults (triton's and
+torchvision's native libraries clash with TensorFlow's). It must also never grab a GPU that torch trains on.
+Every module that needs TensorFlow calls `import_tensorflow()` instead of importing it directly.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+_TF: ModuleType | None = None
+
+
+def import_tensorflow() -> ModuleType:
+    """Import torch, torchvision, then TensorFlow (hidden from GPUs); return the `tensorflow` module."""
+    global _TF
+    if _TF is None:
+        import torch  # noqa: F401  (import order matters, see module docstring)
+        import torchvision  # noqa: F401
+
+        import tensorflow as tf
+
+        tf.config.set_visible_devices([], "GPU")
+        _TF = tf
+    return _TF

@@ -1,0 +1,1 @@
+"""rlds package."""
