@@ -1,1 +1,1 @@
-"""conf package."""
+"""Configuration: the root `TrainConfig` and the VLA experiment registry (`VLAConfig`)."""

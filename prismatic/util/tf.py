@@ -7,20 +7,20 @@ Every module that needs TensorFlow calls `import_tensorflow()` instead of import
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 _TF: ModuleType | None = None
+# Loaded in this order, through importlib so that no import sorter can reorder them.
+_LOAD_ORDER = ("torch", "torchvision", "tensorflow")
 
 
 def import_tensorflow() -> ModuleType:
     """Import torch, torchvision, then TensorFlow (hidden from GPUs); return the `tensorflow` module."""
     global _TF
     if _TF is None:
-        import torch  # noqa: F401  (import order matters, see module docstring)
-        import torchvision  # noqa: F401
-
-        import tensorflow as tf
-
+        modules = [importlib.import_module(name) for name in _LOAD_ORDER]
+        tf = modules[-1]
         tf.config.set_visible_devices([], "GPU")
         _TF = tf
     return _TF

@@ -1,1 +1,41 @@
-"""llm package."""
+"""LLM backbones: Hugging Face causal LMs with their tokenizer and prompt format, and their registry.
+
+The registry and `build_llm_backbone` import without torch or transformers; the backbone classes load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from prismatic.models.backbones.llm.registry import (
+    LLM_BACKBONES,
+    LLMBackboneSpec,
+    build_llm_backbone,
+    get_llm_backbone_spec,
+)
+
+if TYPE_CHECKING:
+    from prismatic.models.backbones.llm.base_llm import LLMBackbone
+    from prismatic.models.backbones.llm.hf_causal import HFCausalLLMBackbone
+
+_LAZY = {
+    "LLMBackbone": "prismatic.models.backbones.llm.base_llm",
+    "HFCausalLLMBackbone": "prismatic.models.backbones.llm.hf_causal",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "LLM_BACKBONES",
+    "HFCausalLLMBackbone",
+    "LLMBackbone",
+    "LLMBackboneSpec",
+    "build_llm_backbone",
+    "get_llm_backbone_spec",
+]

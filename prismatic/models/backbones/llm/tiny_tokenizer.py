@@ -24,7 +24,15 @@ SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 def _corpus() -> list[str]:
     """Fixed training text: robot instructions and the prompt template, deterministic by construction."""
     verbs = ["pick up", "put", "move", "push", "open", "close", "place", "stack", "wipe", "turn on", "lift"]
-    objects = ["the red block", "the blue cup", "the green bowl", "the drawer", "the sponge", "the can", "a towel"]
+    objects = [
+        "the red block",
+        "the blue cup",
+        "the green bowl",
+        "the drawer",
+        "the sponge",
+        "the can",
+        "a towel",
+    ]
     places = ["on the plate", "in the sink", "to the left", "to the right", "into the box", "on the table"]
     lines = [
         f"In: What action should the robot take to {v} {o} {p}?\nOut: "
@@ -71,7 +79,9 @@ def build_tiny_tokenizer_json() -> str:
 def load_tiny_tokenizer(path: Path = TINY_TOKENIZER_PATH) -> PreTrainedTokenizerFast:
     """Load the tiny tokenizer with Llama's special tokens and an added `<PAD>` token."""
     if not path.exists():
-        raise FileNotFoundError(f"Tiny tokenizer file {path} is missing; re-create it with build_tiny_tokenizer_json().")
+        raise FileNotFoundError(
+            f"Tiny tokenizer file {path} is missing; re-create it with build_tiny_tokenizer_json()."
+        )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_file=str(path), bos_token="<s>", eos_token="</s>", unk_token="<unk>", padding_side="right"
     )

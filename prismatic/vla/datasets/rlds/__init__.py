@@ -1,1 +1,55 @@
-"""rlds package."""
+"""RLDS data: dataset / mixture / standardisation registries, statistics, the tf.data pipeline, toy datasets.
+
+Nothing here imports TensorFlow at import time; the functions that need it call `import_tensorflow()`.
+"""
+
+from prismatic.vla.datasets.rlds.configs import (
+    DATASET_CONFIGS,
+    ActionEncoding,
+    NormalizationType,
+    RLDSDatasetConfig,
+    StateEncoding,
+    get_dataset_config,
+    register_dataset,
+)
+from prismatic.vla.datasets.rlds.dataset import RLDSPipeline, find_dataset_dir, make_interleaved_dataset
+from prismatic.vla.datasets.rlds.mixtures import (
+    MIXTURES,
+    balance_sample_weights,
+    get_mixture,
+    register_mixture,
+)
+from prismatic.vla.datasets.rlds.normalization import normalize_np, normalize_tf, unnormalize_np
+from prismatic.vla.datasets.rlds.statistics import save_dataset_statistics
+from prismatic.vla.datasets.rlds.toy import TOY_DATASET_NAMES, build_toy_datasets
+from prismatic.vla.datasets.rlds.transforms import (
+    STANDARDIZE_FNS,
+    get_standardize_fn,
+    register_standardize_fn,
+)
+
+__all__ = [
+    "DATASET_CONFIGS",
+    "MIXTURES",
+    "STANDARDIZE_FNS",
+    "TOY_DATASET_NAMES",
+    "ActionEncoding",
+    "NormalizationType",
+    "RLDSDatasetConfig",
+    "RLDSPipeline",
+    "StateEncoding",
+    "balance_sample_weights",
+    "build_toy_datasets",
+    "find_dataset_dir",
+    "get_dataset_config",
+    "get_mixture",
+    "get_standardize_fn",
+    "make_interleaved_dataset",
+    "normalize_np",
+    "normalize_tf",
+    "register_dataset",
+    "register_mixture",
+    "register_standardize_fn",
+    "save_dataset_statistics",
+    "unnormalize_np",
+]

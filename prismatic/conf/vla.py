@@ -1,0 +1,260 @@
+"""VLA experiment registry: `VLAConfig` (a draccus `ChoiceRegistry`) and every named experiment, chosen with
+`--vla.type <vla_id>`.
+
+An experiment fixes the base VLM, the data mixture, which backbones train, and the optimisation recipe. Each
+preset is data (a dict of overrides on top of a parent preset) registered once with `register_vla`, which makes
+the draccus subclass and refuses duplicate ids. OpenVLA's published experiments are registered with their
+published values, even though they need GPUs, real weights and Open-X data; the `tiny-*` presets run the same
+code on CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from draccus import ChoiceRegistry
+
+from prismatic.util.errors import ConfigError, did_you_mean
+
+LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
+TRAIN_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp")
+
+
+@dataclass
+class VLAConfig(ChoiceRegistry):
+    """One VLA experiment. Field defaults are OpenVLA's `siglip-224px+mx-bridge` recipe."""
+
+    vla_id: str = "siglip-224px+mx-bridge"  # unique id; also the `--vla.type` choice
+    base_vlm: str = "siglip-224px+7b"  # base-VLM registry id (prismatic.models.registry)
+    freeze_vision_backbone: bool = False
+    freeze_llm_backbone: bool = False
+    unfreeze_last_llm_layer: bool = False  # only meaningful when the LLM is frozen
+
+    # Data
+    data_mix: str = "bridge"  # mixture registry id (prismatic.vla.datasets.rlds.mixtures)
+    shuffle_buffer_size: int = 256_000  # frames held by the frame-level shuffle buffer (per rank)
+
+    # Optimisation
+    epochs: int = 1000  # used when `max_steps` is None
+    max_steps: int | None = None  # optimiser steps; overrides `epochs`
+    expected_world_size: int = 8  # training refuses to start on another number of processes
+    global_batch_size: int = 256  # = per_device_batch_size * world_size * grad accumulation steps
+    per_device_batch_size: int = 32
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    lr_scheduler_type: str = "constant"  # one of LR_SCHEDULERS
+    warmup_ratio: float = 0.0  # fraction of steps spent warming up (warmup schedules only)
+    train_strategy: str = "fsdp-full-shard"  # one of TRAIN_STRATEGIES
+
+    enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
+    enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
+    reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
+
+    @property
+    def stage(self) -> str:
+        """The freezing stage implied by the freeze flags (OpenVLA's mapping)."""
+        if not self.freeze_vision_backbone and not self.freeze_llm_backbone:
+            return "vla-full-train"
+        if self.freeze_vision_backbone and not self.freeze_llm_backbone:
+            return "vla-train"
+        if not self.unfreeze_last_llm_layer:
+            raise ConfigError(
+                f"vla '{self.vla_id}' freezes the LLM (freeze_llm_backbone=True) without "
+                "unfreeze_last_llm_layer=True, so "
+                + ("only the vision backbone and projector" if not self.freeze_vision_backbone else "nothing")
+                + " would train the LLM side. Set --vla.unfreeze_last_llm_layer true (sandwich / last-layer "
+                "training) or --vla.freeze_llm_backbone false."
+            )
+        return "vla-sandwich-train" if not self.freeze_vision_backbone else "vla-last-layer-train"
+
+    def grad_accumulation_steps(self, world_size: int) -> int:
+        """Micro-batches per optimiser step so that global = per_device * world_size * accumulation."""
+        per_step = self.per_device_batch_size * world_size
+        if self.global_batch_size % per_step != 0:
+            raise ConfigError(
+                f"global_batch_size={self.global_batch_size} is not a multiple of per_device_batch_size="
+                f"{self.per_device_batch_size} x world_size={world_size} (= {per_step}); choose "
+                f"--vla.global_batch_size as a multiple of {per_step}."
+            )
+        return self.global_batch_size // per_step
+
+    def validate(self, world_size: int) -> None:
+        """Check values that draccus cannot type-check; raise `ConfigError` naming the bad value."""
+        if world_size != self.expected_world_size:
+            raise ConfigError(
+                f"vla '{self.vla_id}' expects expected_world_size={self.expected_world_size} processes but "
+                f"this run has world_size={world_size}. Launch with `torchrun --nproc-per-node "
+                f"{self.expected_world_size} ...` or pass --vla.expected_world_size {world_size} (and check "
+                "the batch sizes)."
+            )
+        for name, value, choices in (
+            ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
+            ("train_strategy", self.train_strategy, TRAIN_STRATEGIES),
+        ):
+            if value not in choices:
+                raise ConfigError(
+                    f"Unknown {name} '{value}'.{did_you_mean(value, choices)} Valid choices: {', '.join(choices)}."
+                )
+        for name in ("per_device_batch_size", "global_batch_size", "epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1.")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps={self.max_steps} must be at least 1 (or unset to train by epochs).")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1).")
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0 or self.weight_decay < 0:
+            raise ConfigError(
+                f"learning_rate={self.learning_rate} and max_grad_norm={self.max_grad_norm} must be > 0 and "
+                f"weight_decay={self.weight_decay} >= 0."
+            )
+        if self.shuffle_buffer_size < 1:
+            raise ConfigError(f"shuffle_buffer_size={self.shuffle_buffer_size} must be at least 1.")
+        _ = self.stage
+        self.grad_accumulation_steps(world_size)
+
+
+_PRESETS: dict[str, dict[str, Any]] = {}
+
+
+def register_vla(vla_id: str, parent: str | None = None, **overrides: Any) -> type[VLAConfig]:
+    """Register experiment `vla_id` as `parent`'s values (or the `VLAConfig` defaults) plus `overrides`.
+
+    Returns the generated dataclass, which `--vla.type vla_id` selects. Raises on a duplicate id or an unknown
+    field, so a typo in a preset fails at import rather than silently training the wrong thing.
+    """
+    if vla_id in _PRESETS:
+        raise ValueError(f"VLA id '{vla_id}' is registered twice.")
+    values = dict(_PRESETS[parent]) if parent is not None else {}
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(VLAConfig)}
+    if unknown:
+        raise ValueError(f"VLA preset '{vla_id}' sets unknown fields {sorted(unknown)}.")
+    values.update(overrides, vla_id=vla_id)
+    _PRESETS[vla_id] = values
+    hints = typing.get_type_hints(VLAConfig)
+    fields = [(name, hints[name], dataclasses.field(default=value)) for name, value in values.items()]
+    class_name = "VLA_" + "".join(c if c.isalnum() else "_" for c in vla_id)
+    cls = dataclasses.make_dataclass(class_name, fields, bases=(VLAConfig,))
+    cls.__module__ = __name__
+    cls.__doc__ = f"VLA experiment preset '{vla_id}'."
+    VLAConfig.register_subclass(vla_id, cls)
+    return cls
+
+
+def registered_vla_ids() -> list[str]:
+    return list(_PRESETS)
+
+
+def get_vla_config(vla_id: str) -> VLAConfig:
+    """Instantiate the preset `vla_id` (a `ConfigError` with the closest ids when it is unknown)."""
+    if vla_id not in _PRESETS:
+        raise ConfigError(
+            f"Unknown vla id '{vla_id}'.{did_you_mean(vla_id, _PRESETS)} Valid choices: {', '.join(_PRESETS)}."
+        )
+    return VLAConfig.get_choice_class(vla_id)()
+
+
+# === OpenVLA's published training experiments (values as released) ===
+register_vla(
+    "siglip-224px+mx-bridge",
+    base_vlm="siglip-224px+7b",
+    freeze_vision_backbone=False,
+    freeze_llm_backbone=False,
+    unfreeze_last_llm_layer=False,
+    data_mix="bridge",
+    shuffle_buffer_size=256_000,
+    epochs=1000,
+    max_steps=None,
+    expected_world_size=8,
+    global_batch_size=256,
+    per_device_batch_size=32,
+    learning_rate=2e-5,
+    weight_decay=0.0,
+    max_grad_norm=1.0,
+    lr_scheduler_type="constant",
+    warmup_ratio=0.0,
+    train_strategy="fsdp-full-shard",
+)
+register_vla("siglip-224px-icy+mx-bridge", "siglip-224px+mx-bridge", freeze_vision_backbone=True)
+register_vla(
+    "prism-dinosiglip-224px+mx-bridge", "siglip-224px+mx-bridge", base_vlm="prism-dinosiglip-224px+7b"
+)
+register_vla(
+    "siglip-224px+mx-oxe-magic-soup",
+    "siglip-224px+mx-bridge",
+    data_mix="oxe_magic_soup",
+    expected_world_size=64,
+    global_batch_size=2048,
+    per_device_batch_size=32,
+)
+# OpenVLA 7B: trained on the "plus" mixture with DROID for ~70% of training, then on "plus_minus" (no DROID).
+register_vla(
+    "prism-dinosiglip-224px+mx-oxe-magic-soup-plus",
+    "siglip-224px+mx-bridge",
+    base_vlm="prism-dinosiglip-224px+7b",
+    data_mix="oxe_magic_soup_plus_minus",
+    expected_world_size=64,
+    global_batch_size=2048,
+    per_device_batch_size=32,
+)
+# === OpenVLA's published fine-tuning experiments ===
+register_vla(
+    "siglip-224px+mx-tdroid_carrot_in_bowl", "siglip-224px+mx-bridge", data_mix="tdroid_carrot_in_bowl"
+)
+register_vla(
+    "siglip-224px+mx-tdroid_pour_corn_in_pot", "siglip-224px+mx-bridge", data_mix="tdroid_pour_corn_in_pot"
+)
+register_vla(
+    "siglip-224px-icy+mx-tdroid_carrot_in_bowl",
+    "siglip-224px+mx-tdroid_carrot_in_bowl",
+    freeze_vision_backbone=True,
+)
+register_vla(
+    "siglip-224px-last_layer+mx-tdroid_carrot_in_bowl",
+    "siglip-224px+mx-tdroid_carrot_in_bowl",
+    freeze_vision_backbone=True,
+    freeze_llm_backbone=True,
+    unfreeze_last_llm_layer=True,
+)
+register_vla(
+    "siglip-224px-sandwich+mx-tdroid_carrot_in_bowl",
+    "siglip-224px+mx-tdroid_carrot_in_bowl",
+    freeze_llm_backbone=True,
+    unfreeze_last_llm_layer=True,
+)
+register_vla("siglip-224px+mx-droid_wipe", "siglip-224px+mx-bridge", data_mix="droid_wipe")
+
+# === Tiny presets: the real code path on CPU (2 processes) on the toy RLDS mixture, in seconds ===
+register_vla(
+    "tiny+mx-toy",
+    "siglip-224px+mx-bridge",
+    base_vlm="tiny-vit+tiny-llama",
+    data_mix="toy",
+    shuffle_buffer_size=2_000,
+    epochs=1,
+    max_steps=300,
+    expected_world_size=2,
+    global_batch_size=16,
+    per_device_batch_size=8,
+    learning_rate=3e-3,
+    weight_decay=0.01,
+    lr_scheduler_type="linear-warmup+cosine-decay",
+    warmup_ratio=0.1,
+    # bf16 on CPU is slow and adds nothing at this size; the bf16 path is tested with an override.
+    enable_mixed_precision_training=False,
+)
+register_vla("tiny-dinosiglip+mx-toy", "tiny+mx-toy", base_vlm="tiny-dinosiglip+tiny-llama")
+register_vla("tiny-icy+mx-toy", "tiny+mx-toy", freeze_vision_backbone=True)
+register_vla("tiny-sandwich+mx-toy", "tiny+mx-toy", freeze_llm_backbone=True, unfreeze_last_llm_layer=True)
+register_vla(
+    "tiny-last_layer+mx-toy",
+    "tiny+mx-toy",
+    freeze_vision_backbone=True,
+    freeze_llm_backbone=True,
+    unfreeze_last_llm_layer=True,
+)
+
+DEFAULT_VLA_ID = "prism-dinosiglip-224px+mx-oxe-magic-soup-plus"

@@ -1,0 +1,129 @@
+"""A Hugging Face `AutoModelForCausalLM` (Llama architecture and kin) as the VLM's language model.
+
+Follows Prismatic's Llama-2 handling: the tokenizer gets a `<PAD>` token if it has none, the token embeddings are
+resized to a multiple of 64 (faster matmuls; the extra rows are never produced by the tokenizer), and
+`config.pad_token_id` is set. The KV cache is off: training never reuses it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from prismatic.models.backbones.llm.base_llm import LLMBackbone
+from prismatic.models.backbones.llm.prompting import PromptBuilder
+from prismatic.models.backbones.llm.registry import LLMBackboneSpec
+from prismatic.util.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+PAD_TOKEN = "<PAD>"
+EMBEDDING_MULTIPLE = 64
+
+
+def _unavailable(identifier: str, spec: LLMBackboneSpec, err: Exception) -> ConfigError:
+    return ConfigError(
+        f"LLM backbone '{identifier}' needs files from the Hugging Face Hub ('{spec.hf_hub_id}') that are "
+        f"unavailable: they could not be fetched or found in the local cache (offline? gated repos such as "
+        f"Llama-2 also need `hf_token`). Cause: {err}"
+    )
+
+
+def _load_tokenizer(identifier: str, spec: LLMBackboneSpec, hf_token: str | None) -> PreTrainedTokenizerBase:
+    if spec.tokenizer_source == "tiny":
+        from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
+
+        tokenizer = load_tiny_tokenizer()
+    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.hf_hub_id, token=hf_token, padding_side="right")
+        except OSError as err:
+            raise _unavailable(identifier, spec, err) from err
+    tokenizer.model_max_length = spec.max_length
+    return tokenizer
+
+
+def _load_llm(
+    identifier: str, spec: LLMBackboneSpec, vocab_size: int, hf_token: str | None, pretrained: bool
+) -> PreTrainedModel:
+    kwargs = {"attn_implementation": spec.attn_implementation, "dtype": torch.float32}
+    if spec.hf_hub_id is None:
+        config = AutoConfig.for_model(spec.model_type, vocab_size=vocab_size, **spec.config)
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    try:
+        if pretrained:
+            logger.info("Loading LLM '%s' weights from '%s'", identifier, spec.hf_hub_id)
+            return AutoModelForCausalLM.from_pretrained(spec.hf_hub_id, token=hf_token, **kwargs)
+        config = AutoConfig.from_pretrained(spec.hf_hub_id, token=hf_token)
+    except OSError as err:
+        raise _unavailable(identifier, spec, err) from err
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
+class HFCausalLLMBackbone(LLMBackbone):
+    """`llm` is the `{Model}ForCausalLM` (state-dict keys `llm.*`, as in Prismatic); `tokenizer` has a pad token."""
+
+    def __init__(
+        self, identifier: str, spec: LLMBackboneSpec, *, hf_token: str | None = None, pretrained: bool
+    ) -> None:
+        super().__init__(identifier)
+        self.spec = spec
+        self.llm_family = spec.llm_family
+        self.tokenizer = _load_tokenizer(identifier, spec, hf_token)
+        # The VLM inserts patches right after BOS, so every tokenized prompt must start with it.
+        probe = self.tokenizer("Testing 123").input_ids
+        if not probe or probe[0] != self.tokenizer.bos_token_id:
+            raise ValueError(
+                f"Tokenizer of LLM backbone '{identifier}' does not prepend BOS; the VLM relies on it."
+            )
+
+        self.llm = _load_llm(identifier, spec, self.tokenizer.vocab_size, hf_token, pretrained)
+        self.llm.config.use_cache = False
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+        self.llm.config.pad_token_id = self.tokenizer.pad_token_id
+        # mean_resizing=False: new rows get the model's normal init, as in the transformers Prismatic used.
+        self.llm.resize_token_embeddings(
+            len(self.tokenizer), pad_to_multiple_of=EMBEDDING_MULTIPLE, mean_resizing=False
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        return self.llm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            **kwargs,
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.llm.get_input_embeddings()(input_ids)
+
+    def get_layers(self) -> nn.ModuleList:
+        return self.llm.get_decoder().layers
+
+    def last_layer_finetune_modules(self) -> tuple[nn.Module, ...]:
+        """OpenVLA's choice: `embed_tokens`, the last decoder layer and `lm_head`."""
+        return (self.llm.get_input_embeddings(), self.get_layers()[-1], self.llm.get_output_embeddings())
+
+    @property
+    def prompt_builder_fn(self) -> type[PromptBuilder]:
+        return self.spec.prompt_builder

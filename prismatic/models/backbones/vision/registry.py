@@ -1,0 +1,141 @@
+"""Vision backbone registry: id -> which timm ViT(s) to build, at what resolution, with which overrides.
+
+Adding a backbone is one entry here. Single backbones are one `ViTSpec`; fused backbones (DINO + SigLIP) are a
+`FusedViTSpec` whose parts are concatenated on the channel dim. Tiny ids build from random init in milliseconds
+through the same timm code paths as the real ones; real ids load pretrained timm weights from the Hub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from prismatic.util.errors import ConfigError, did_you_mean, lookup
+
+if TYPE_CHECKING:
+    from prismatic.models.backbones.vision.base_vision import VisionBackbone
+
+
+# Prismatic's image preprocessing choices; `transforms.build_image_transform` implements them.
+RESIZE_STRATEGIES = ("resize-naive", "letterbox", "resize-crop")
+
+
+def check_resize_strategy(image_resize_strategy: str) -> None:
+    """Raise a `ConfigError` naming the strategy when it is not one of `RESIZE_STRATEGIES`."""
+    if image_resize_strategy not in RESIZE_STRATEGIES:
+        raise ConfigError(
+            f"Unknown image resize strategy '{image_resize_strategy}'."
+            f"{did_you_mean(image_resize_strategy, RESIZE_STRATEGIES)} "
+            f"Valid choices: {', '.join(RESIZE_STRATEGIES)}."
+        )
+
+
+@dataclass(frozen=True)
+class ViTSpec:
+    """One timm VisionTransformer.
+
+    Attributes:
+        timm_id: timm model name, with the pretrained tag pinned where timm's default tag has moved on
+            (e.g. SigLIP "webli", which Prismatic trained with, not the newer "v2_webli").
+        image_size: input resolution (square), passed to timm as `img_size`.
+        arch_overrides: extra `timm.create_model` kwargs (shrunk widths for tiny ids, QuickGELU for OpenAI CLIP).
+    """
+
+    timm_id: str
+    image_size: int
+    arch_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SingleViTSpec:
+    """A backbone made of one ViT."""
+
+    vit: ViTSpec
+    has_pretrained_weights: bool = True
+    kind: ClassVar[str] = "single"
+
+
+@dataclass(frozen=True)
+class FusedViTSpec:
+    """A backbone made of several ViTs (same patch grid) whose patch features are concatenated, in this order."""
+
+    parts: Mapping[str, ViTSpec]
+    has_pretrained_weights: bool = True
+    kind: ClassVar[str] = "fused"
+
+
+VisionBackboneSpec = SingleViTSpec | FusedViTSpec
+
+_DINOV2_L = ViTSpec("vit_large_patch14_reg4_dinov2.lvd142m", 224)  # DINOv2 with 4 registers, as Prismatic
+_SIGLIP_SO_224 = ViTSpec("vit_so400m_patch14_siglip_224.webli", 224)
+_SIGLIP_SO_384 = ViTSpec("vit_so400m_patch14_siglip_384.webli", 384)
+# OpenAI CLIP was trained with QuickGELU; timm defaults to exact GELU, which gives worse features.
+_QUICK_GELU = {"act_layer": "quick_gelu"}
+
+# fmt: off
+VISION_BACKBONES: dict[str, VisionBackboneSpec] = {
+    # === Tiny (random init, CPU tests and smoke runs): 16 patches each ===
+    "tiny-vit-64px": SingleViTSpec(
+        ViTSpec("vit_base_patch16_224", 64, {"embed_dim": 48, "depth": 3, "num_heads": 3}),
+        has_pretrained_weights=False,
+    ),
+    "tiny-dinosiglip-64px": FusedViTSpec(
+        {
+            # DINOv2 code path (cls + 4 register tokens, LayerScale), patch 14 at 56px -> 4 x 4 patches.
+            "dino": ViTSpec("vit_small_patch14_reg4_dinov2", 56, {"embed_dim": 48, "depth": 3, "num_heads": 3}),
+            # SigLIP code path (no cls token, MAP head), patch 16 at 64px -> 4 x 4 patches.
+            "siglip": ViTSpec("vit_base_patch16_siglip_224", 64, {"embed_dim": 64, "depth": 3, "num_heads": 4}),
+        },
+        has_pretrained_weights=False,
+    ),
+
+    # === Prismatic's 224px backbones ===
+    "clip-vit-l": SingleViTSpec(ViTSpec("vit_large_patch14_clip_224.openai", 224, _QUICK_GELU)),
+    "siglip-vit-so400m": SingleViTSpec(_SIGLIP_SO_224),
+    "dinov2-vit-l": SingleViTSpec(_DINOV2_L),
+    "in1k-vit-l": SingleViTSpec(ViTSpec("vit_large_patch16_224.augreg_in21k_ft_in1k", 224)),
+    "dinosiglip-vit-so-224px": FusedViTSpec({"dino": _DINOV2_L, "siglip": _SIGLIP_SO_224}),
+
+    # === Prismatic's higher-resolution backbones ===
+    "clip-vit-l-336px": SingleViTSpec(ViTSpec("vit_large_patch14_clip_336.openai", 336, _QUICK_GELU)),
+    "siglip-vit-so400m-384px": SingleViTSpec(_SIGLIP_SO_384),
+    "dinosiglip-vit-so-384px": FusedViTSpec({"dino": ViTSpec(_DINOV2_L.timm_id, 384), "siglip": _SIGLIP_SO_384}),
+}
+# fmt: on
+
+
+def get_vision_backbone_spec(vision_backbone_id: str) -> VisionBackboneSpec:
+    """Look up a vision backbone id, raising a did-you-mean `ConfigError` when unknown."""
+    return lookup(VISION_BACKBONES, vision_backbone_id, "vision backbone")
+
+
+def build_vision_backbone(
+    vision_backbone_id: str, image_resize_strategy: str, *, pretrained: bool | None = None
+) -> VisionBackbone:
+    """Build a vision backbone in FP32.
+
+    Args:
+        vision_backbone_id: a key of `VISION_BACKBONES`.
+        image_resize_strategy: one of "resize-naive", "letterbox", "resize-crop".
+        pretrained: load timm's pretrained weights; None means "if the id has any" (real ids yes, tiny ids no).
+
+    Raises:
+        ConfigError: unknown id or strategy; pretrained weights asked of a tiny id, or not obtainable (offline).
+    """
+    spec = get_vision_backbone_spec(vision_backbone_id)
+    check_resize_strategy(image_resize_strategy)
+    if pretrained is None:
+        pretrained = spec.has_pretrained_weights
+    elif pretrained and not spec.has_pretrained_weights:
+        raise ConfigError(
+            f"Vision backbone '{vision_backbone_id}' is a random-init preset with no pretrained weights."
+        )
+
+    if isinstance(spec, FusedViTSpec):
+        from prismatic.models.backbones.vision.fused_vit import FusedViTBackbone
+
+        return FusedViTBackbone(vision_backbone_id, spec, image_resize_strategy, pretrained=pretrained)
+    from prismatic.models.backbones.vision.timm_vit import TimmViTBackbone
+
+    return TimmViTBackbone(vision_backbone_id, spec, image_resize_strategy, pretrained=pretrained)

@@ -1,0 +1,147 @@
+"""Per-dataset action / proprio statistics: computed once over the train split, cached beside the data.
+
+The cache file is `<data_root>/<name>/<version>/dataset_statistics_<hash>.json`, where the hash covers everything
+the numbers depend on (dataset name and version, the split's size, the dataset config, the standardisation
+function, and `STATS_FORMAT`); when that folder is not writable the file goes to `~/.cache/prismatic/`
+instead. Writes are atomic (temporary file + `os.replace`), so ranks computing the same statistics at once
+cannot leave a torn file. `save_dataset_statistics` writes a run's `dataset_statistics.json` in OpenVLA's layout
+(the same dict HF OpenVLA checkpoints carry as `norm_stats`), which inference needs to un-normalise actions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig
+
+# Bump when the statistics computation changes, so old caches are not reused.
+STATS_FORMAT = 1
+FALLBACK_CACHE_DIR = Path("~/.cache/prismatic")
+STAT_KEYS = ("mean", "std", "max", "min", "q01", "q99")
+
+
+def statistics_hash(
+    config: RLDSDatasetConfig, version: str, standardize_fn_name: str, split_info: Mapping[str, Any]
+) -> str:
+    """sha256 over what the statistics depend on; any change gives a new cache file."""
+    payload = {
+        "format": STATS_FORMAT,
+        "name": config.name,
+        "version": version,
+        "split": dict(split_info),
+        "config": config.to_json_dict(),
+        "standardize_fn": standardize_fn_name,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def compute_statistics(trajectories: Iterable[Mapping[str, np.ndarray]]) -> dict[str, Any]:
+    """Statistics of `action` and `proprio` over all steps of `trajectories` (each a dict of [T, D] arrays).
+
+    Returns the cached layout: {"action": {mean, std, max, min, q01, q99}, "proprio": {...}, "num_transitions",
+    "num_trajectories"}, every vector a list of floats.
+    """
+    actions, proprios = [], []
+    for traj in trajectories:
+        actions.append(np.asarray(traj["action"], np.float32))
+        proprios.append(np.asarray(traj["proprio"], np.float32))
+    if not actions:
+        raise ValueError("Cannot compute statistics of a dataset split with no trajectories.")
+
+    def summarise(x: np.ndarray) -> dict[str, list[float]]:
+        values = {
+            "mean": x.mean(0),
+            "std": x.std(0),
+            "max": x.max(0),
+            "min": x.min(0),
+            "q01": np.quantile(x, 0.01, axis=0),
+            "q99": np.quantile(x, 0.99, axis=0),
+        }
+        return {k: [float(v) for v in values[k]] for k in STAT_KEYS}
+
+    action, proprio = np.concatenate(actions), np.concatenate(proprios)
+    return {
+        "action": summarise(action),
+        "proprio": summarise(proprio),
+        "num_transitions": int(action.shape[0]),
+        "num_trajectories": len(actions),
+    }
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def statistics_cache_paths(dataset_dir: Path, stats_hash: str) -> tuple[Path, Path]:
+    """(beside the data, fallback under ~/.cache/prismatic) for one statistics hash."""
+    filename = f"dataset_statistics_{stats_hash}.json"
+    return Path(dataset_dir) / filename, FALLBACK_CACHE_DIR.expanduser() / filename
+
+
+def load_or_compute_statistics(
+    dataset_dir: Path, stats_hash: str, compute: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], Path]:
+    """Return cached statistics for `stats_hash`, or run `compute()` once and cache its result.
+
+    Returns:
+        (statistics, path of the cache file read or written).
+    """
+    primary, fallback = statistics_cache_paths(dataset_dir, stats_hash)
+    for path in (primary, fallback):
+        if path.is_file():
+            with open(path) as f:
+                return json.load(f), path
+    statistics = compute()
+    try:
+        _write_json_atomic(primary, statistics)
+        return statistics, primary
+    except OSError:  # read-only data folder (shared cluster storage, mounted bucket): cache per user instead
+        _write_json_atomic(fallback, statistics)
+        return statistics, fallback
+
+
+def with_action_mask(statistics: Mapping[str, Any], config: RLDSDatasetConfig) -> dict[str, Any]:
+    """Copy of cached `statistics` with `action.mask` (which dims are normalised) added, as OpenVLA stores it."""
+    out = json.loads(json.dumps(statistics))
+    out["action"]["mask"] = [bool(m) for m in config.action_normalization_mask]
+    return out
+
+
+def _to_jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_to_jsonable(v) for v in value]
+    return value
+
+
+def save_dataset_statistics(statistics: Mapping[str, Any], run_dir: Path) -> Path:
+    """Write `<run_dir>/dataset_statistics.json` (atomically) in OpenVLA's layout; return its path.
+
+    Layout: {dataset_name: {"action": {"mean", "std", "max", "min", "q01", "q99", "mask"}, "proprio": {"mean",
+    "std", "max", "min", "q01", "q99"}, "num_transitions": int, "num_trajectories": int}}, vectors as lists.
+    Not collective: call it on one rank (rank 0).
+    """
+    path = Path(run_dir) / "dataset_statistics.json"
+    _write_json_atomic(path, _to_jsonable(statistics))
+    return path

@@ -1,0 +1,26 @@
+"""Session fixtures shared by the test suite: the toy RLDS datasets (built once) and the tiny tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
+
+
+@pytest.fixture(scope="session")
+def toy_data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding `toy_pick_place/1.0.0/` and `toy_push/1.0.0/`, built once per test session (seed 0)."""
+    from prismatic.vla.datasets.rlds.toy import build_toy_datasets
+
+    root = tmp_path_factory.mktemp("rlds")
+    build_toy_datasets(root, seed=0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny byte-level BPE tokenizer (vocab 1024 + `<PAD>` = 1024, BOS 1, EOS 2)."""
+    return load_tiny_tokenizer()
