@@ -26,7 +26,8 @@ def test_nothing_imports_tensorflow_directly():
         str(path.relative_to(REPO))
         for folder in ("prismatic", "vla_scripts")
         for path in (REPO / folder).rglob("*.py")
-        if path.name != "tf.py" and any(
+        if path.name != "tf.py"
+        and any(
             line.strip().startswith(("import tensorflow ", "import tensorflow\n", "from tensorflow "))
             or line.strip() == "import tensorflow"
             for line in path.read_text().splitlines()

@@ -13,8 +13,7 @@ before decoding, so resuming at frame N costs reading, not decoding, the first N
 Determinism: every random choice is seeded from (seed, rank) and image augmentation uses stateless ops keyed by
 the frame's position in the stream, so a given (seed, rank, world_size) always yields the same frames (also
 when the same dataset object is iterated again), and `start_sample=N` yields exactly that stream minus its
-first N frames. Parallel maps keep their order
-(`options.deterministic = True`).
+first N frames. Parallel maps keep their order (`options.deterministic = True`).
 
 Each yielded frame (as NumPy via `.as_numpy_iterator()`):
     {"observation": {"image_primary": uint8[H, W, 3], "proprio": float32[8]},
@@ -23,6 +22,7 @@ Each yielded frame (as NumPy via `.as_numpy_iterator()`):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -103,6 +103,7 @@ def find_dataset_dir(data_root_dir: Path, name: str) -> Path:
 
 def _skip_image_decoding(features: Any) -> Any:
     """A tfds `decoders` tree that keeps every Image feature as encoded bytes (decoded later, after shuffling)."""
+    import_tensorflow()
     import tensorflow_datasets as tfds
 
     if isinstance(features, tfds.features.Image):
@@ -227,6 +228,16 @@ def _dataset_statistics(builder: Any, dataset_dir: Path, config: RLDSDatasetConf
 
     statistics, _ = load_or_compute_statistics(dataset_dir, stats_hash, compute)
     return statistics
+
+
+def _normalize(traj: dict[str, Any], statistics: dict[str, Any], config: RLDSDatasetConfig) -> dict[str, Any]:
+    """Normalise action (masked dims only) and proprio with the dataset's train statistics."""
+    norm = config.action_normalization_type
+    traj["action"] = normalize_tf(
+        traj["action"], statistics["action"], norm, config.action_normalization_mask
+    )
+    traj["observation"]["proprio"] = normalize_tf(traj["observation"]["proprio"], statistics["proprio"], norm)
+    return traj
 
 
 # === Frame transforms ===
@@ -358,18 +369,7 @@ def make_interleaved_dataset(
             repeat_seed=_seed(seed, rank, _PURPOSE_FILES, index) if train else None,
         )
 
-        def normalize(
-            traj: dict[str, Any], stats: dict[str, Any] = stats, config: Any = config
-        ) -> dict[str, Any]:
-            norm = config.action_normalization_type
-            traj["action"] = normalize_tf(
-                traj["action"], stats["action"], norm, config.action_normalization_mask
-            )
-            traj["observation"]["proprio"] = normalize_tf(
-                traj["observation"]["proprio"], stats["proprio"], norm
-            )
-            return traj
-
+        normalize = functools.partial(_normalize, statistics=stats, config=config)
         frames = trajectories.map(normalize, num_parallel_calls=tf.data.AUTOTUNE).flat_map(
             tf.data.Dataset.from_tensor_slices
         )
