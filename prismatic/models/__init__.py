@@ -10,8 +10,7 @@ neither torch, timm nor transformers; they load on first use of a builder or mod
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prismatic.models.backbones.llm.registry import LLM_BACKBONES, LLMBackboneSpec, get_llm_backbone_spec
 from prismatic.models.backbones.vision.registry import (
@@ -21,6 +20,7 @@ from prismatic.models.backbones.vision.registry import (
     get_vision_backbone_spec,
 )
 from prismatic.models.registry import BASE_VLMS, BaseVLMSpec, get_base_vlm_spec
+from prismatic.util.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from prismatic.models.materialize import build_vlm
@@ -34,11 +34,7 @@ _LAZY = {
     "PROJECTORS": "prismatic.models.projectors",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

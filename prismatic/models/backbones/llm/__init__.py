@@ -5,8 +5,7 @@ The registry and `build_llm_backbone` import without torch or transformers; the 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prismatic.models.backbones.llm.registry import (
     LLM_BACKBONES,
@@ -14,6 +13,7 @@ from prismatic.models.backbones.llm.registry import (
     build_llm_backbone,
     get_llm_backbone_spec,
 )
+from prismatic.util.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from prismatic.models.backbones.llm.base_llm import LLMBackbone
@@ -24,11 +24,7 @@ _LAZY = {
     "HFCausalLLMBackbone": "prismatic.models.backbones.llm.hf_causal",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

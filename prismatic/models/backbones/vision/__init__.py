@@ -5,8 +5,7 @@ The registry and `build_vision_backbone` import without torch or timm; the backb
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prismatic.models.backbones.vision.registry import (
     RESIZE_STRATEGIES,
@@ -18,6 +17,7 @@ from prismatic.models.backbones.vision.registry import (
     build_vision_backbone,
     get_vision_backbone_spec,
 )
+from prismatic.util.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from prismatic.models.backbones.vision.base_vision import ImageTransform, VisionBackbone
@@ -31,11 +31,7 @@ _LAZY = {
     "FusedViTBackbone": "prismatic.models.backbones.vision.fused_vit",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [
