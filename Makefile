@@ -31,12 +31,29 @@ test: $(STAMP)
 	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q
 
 check: $(STAMP)
-	$(BIN)/ruff check prismatic vla_scripts tests
-	$(BIN)/ruff format --check prismatic vla_scripts tests
+	$(BIN)/ruff check prismatic vla_scripts tests benchmarks
+	$(BIN)/ruff format --check prismatic vla_scripts tests benchmarks
 
 format: $(STAMP)
-	$(BIN)/ruff format prismatic vla_scripts tests
-	$(BIN)/ruff check --fix prismatic vla_scripts tests
+	$(BIN)/ruff format prismatic vla_scripts tests benchmarks
+	$(BIN)/ruff check --fix prismatic vla_scripts tests benchmarks
 
 clean:
 	rm -rf $(VENV) $(RUN_ROOT)/demo .pytest_cache
+
+# Data-path benchmark: frames/s as collated torch batches (16 x 224px) and peak RSS. Defaults to the toy mixture
+# in $(DATA_ROOT) (built if missing); e.g. `make bench-data DATA_ROOT=/data/oxe MIX=bridge`, or Bridge-like
+# 256px JPEG data: `make bench-data BENCH_ARGS="--bridge_like data/bench_bridge"`.
+MIX        ?= toy
+BENCH_ARGS ?=
+.PHONY: bench-data
+bench-data: $(STAMP)
+	$(BIN)/python benchmarks/bench_data.py --data_root_dir $(DATA_ROOT) --data_mix $(MIX) $(BENCH_ARGS)
+
+# Training-step throughput of the tiny preset under torchrun (samples/s, ms/step), on the toy mixture.
+.PHONY: bench bench-train
+bench-train: $(STAMP)
+	$(BIN)/python benchmarks/bench_train.py --vla $(VLA) --nproc $(NPROC)
+
+# All benchmarks; each prints its figures.
+bench: bench-data bench-train

@@ -24,9 +24,20 @@ TRAIN = str(REPO / "vla_scripts" / "train.py")
 STEPS, SAVE_EVERY = 6, 3
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_train(args: list[str], nproc: int | None = 2, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     if nproc is None:
+        # A plain process joins a group of one on MASTER_PORT (29500 by default): pick a free port so that
+        # concurrent test runs on the same machine do not collide (torchrun --standalone picks its own).
+        env["MASTER_PORT"] = str(free_port())
         cmd = [sys.executable, TRAIN, *args]
     else:
         cmd = [
@@ -327,3 +338,174 @@ def test_fused_backbone_shard_grad_op_bf16_last_layer(toy_data_root: Path, tmp_p
     assert all(t.dtype == torch.float32 for sd in ckpt["model"].values() for t in sd.values())
     trained = set(ckpt["optimizer"]["state"])
     assert trained and all(name.startswith("llm_backbone.") for name in trained)
+    # Frozen parts are stored in bf16 next to FP32 trainable ones inside the same FSDP units (the root unit holds the
+    # frozen projector and the trainable embeddings), and the start-up report says so.
+    (memory,) = [line for line in proc.stderr.splitlines() if "Parameter memory:" in line]
+    assert "bfloat16" in memory and "float32" in memory, memory
+    bf16_part = memory.split("bfloat16 ")[1]
+    assert bf16_part.split(" (")[1].startswith("0.00 MB trainable"), memory
+
+
+def test_export_hf_then_fine_tune_from_it(full_run: Path, toy_data_root: Path, tmp_path: Path):
+    """A run's checkpoint -> HF OpenVLA folder (vla_scripts/export_hf.py) -> `--vla.base_vlm <folder>` trains on."""
+    from prismatic.models import load_vla
+
+    hf_dir = tmp_path / "hf"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "vla_scripts" / "export_hf.py"),
+            "--checkpoint",
+            str(checkpoints(full_run)[STEPS]),
+            "--out_dir",
+            str(hf_dir),
+            "--dtype",
+            "float32",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    config = json.loads((hf_dir / "config.json").read_text())
+    stats = json.loads((full_run / "dataset_statistics.json").read_text())
+    assert config["model_type"] == "openvla" and config["norm_stats"] == stats
+
+    # The exported weights are the checkpoint's.
+    ckpt = torch.load(checkpoints(full_run)[STEPS], weights_only=True)
+    exported = load_vla(hf_dir).vlm.state_dict()
+    for module, sd in ckpt["model"].items():
+        for key, value in sd.items():
+            assert torch.equal(exported[f"{module}.{key}"], value), key
+
+    # Run folders as base VLMs go through the same loader (tests/models/test_checkpoint_io.py covers them).
+    for base in (hf_dir,):
+        run_id = f"from-{base.name}"
+        proc = run_train(
+            [
+                "--vla.type",
+                "tiny+mx-toy",
+                "--vla.base_vlm",
+                str(base),
+                "--vla.expected_world_size",
+                "1",
+                "--vla.global_batch_size",
+                "2",
+                "--vla.per_device_batch_size",
+                "2",
+                "--vla.max_steps",
+                "2",
+                "--data_root_dir",
+                str(toy_data_root),
+                "--run_root_dir",
+                str(tmp_path),
+                "--run_id",
+                run_id,
+                "--trackers",
+                "[jsonl]",
+            ],
+            nproc=None,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        records = read_metrics(tmp_path / run_id)
+        # Started from the trained weights, not from scratch: the first loss is already far below ln(vocab).
+        assert len(records) == 2 and records[0]["loss"] < read_metrics(full_run)[0]["loss"]
+
+
+def _tiny_batch(vlm) -> dict:
+    tokenizer = vlm.llm_backbone.tokenizer
+    encoded = tokenizer(
+        ["In: What action should the robot take to push the can?\nOut: "], return_tensors="pt"
+    )
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "input_ids": encoded.input_ids,
+        "attention_mask": encoded.attention_mask,
+        "pixel_values": torch.randn(1, *vlm.vision_backbone.default_image_resolution, generator=generator),
+    }
+
+
+def test_lora_fsdp_resume_merge_and_ddp(toy_data_root: Path, tmp_path: Path):
+    """LoRA through the same loop: FSDP2 run, exact resume, adapters in the checkpoint, merge = adapter model."""
+    from prismatic.models import build_vlm, load_vla
+    from prismatic.models.lora import LoraSettings, apply_lora
+
+    def lora_args(run_id: str, *extra: str) -> list[str]:
+        args = tiny_args(toy_data_root, tmp_path, run_id, "--trackers", "[jsonl]", *extra)
+        # Small batches keep the four runs short; bf16 mixed precision as OpenVLA trains.
+        args += ["--vla.enable_mixed_precision_training", "true"]
+        args += ["--vla.per_device_batch_size", "2", "--vla.global_batch_size", "4"]
+        args[1] = "tiny-lora+mx-toy"
+        args[args.index("--vla.max_steps") + 1], args[args.index("--save_interval") + 1] = "4", "2"
+        return args
+
+    # bf16 mixed precision: frozen base weights are stored in bf16 beside FP32 adapters in the same FSDP units.
+    proc = run_train(lora_args("lora"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    (memory,) = [line for line in proc.stderr.splitlines() if "Parameter memory:" in line]
+    assert "bfloat16" in memory, memory
+    run = tmp_path / "lora"
+    ckpt = torch.load(checkpoints(run)[4], weights_only=True)
+    flat = {f"{m}.{k}": v for m, sd in ckpt["model"].items() for k, v in sd.items()}
+    assert any(".lora_A.default." in k for k in flat) and any(".base_layer." in k for k in flat)
+    assert ckpt["optimizer"]["state"] and all(".lora_" in name for name in ckpt["optimizer"]["state"])
+
+    # Resume from step 2 in a copy of the run: the same losses as the uninterrupted run.
+    resumed = tmp_path / "resumed" / "lora"
+    shutil.copytree(run, resumed)
+    checkpoints(resumed)[4].unlink()
+    args = lora_args("lora", "--pretrained_checkpoint", str(checkpoints(resumed)[2]))
+    args += ["--resume_step", "2", "--resume_epoch", checkpoints(resumed)[2].name[18:20]]
+    args[args.index("--run_root_dir") + 1] = str(tmp_path / "resumed")
+    proc = run_train(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for a, b in zip(read_metrics(run)[2:], read_metrics(resumed)[2:], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6)
+
+    # The adapter model (built fresh, checkpoint loaded strictly) and the merged run folder give the same logits.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "vla_scripts" / "merge_lora.py"),
+            "--checkpoint",
+            str(checkpoints(run)[4]),
+        ]
+        + [
+            "--out_dir",
+            str(tmp_path / "merged"),
+            "--hf_out_dir",
+            str(tmp_path / "hf"),
+            "--hf_dtype",
+            "float32",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    adapter_model = build_vlm("tiny-vit+tiny-llama")
+    adapter_model.freeze_backbones("vla-full-train")
+    apply_lora(adapter_model, LoraSettings(rank=8, alpha=16.0))
+    adapter_model.load_state_dict(flat, strict=True)
+    merged = load_vla(tmp_path / "merged")
+    assert set(merged.vlm.state_dict()) == set(build_vlm("tiny-vit+tiny-llama").state_dict())
+    assert merged.norm_stats == json.loads((run / "dataset_statistics.json").read_text())
+    batch = _tiny_batch(adapter_model)
+    with torch.no_grad():
+        expected = adapter_model.eval()(
+            batch["input_ids"], batch["attention_mask"], batch["pixel_values"]
+        ).logits
+        for model in (merged.vlm, load_vla(tmp_path / "hf").vlm):
+            got = model.eval()(batch["input_ids"], batch["attention_mask"], batch["pixel_values"]).logits
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+    # DDP (with bf16 autocast) trains the same adapters.
+    args = lora_args(
+        "lora-ddp", "--vla.train_strategy", "ddp", "--vla.enable_mixed_precision_training", "true"
+    )
+    args[args.index("--vla.max_steps") + 1] = "2"
+    proc = run_train(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "lora-ddp")] == [1, 2]

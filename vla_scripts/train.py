@@ -27,6 +27,7 @@ import draccus
 
 from prismatic.conf.train import TrainConfig
 from prismatic.conf.vla import registered_vla_ids
+from prismatic.models.registry import import_plugins
 from prismatic.util.errors import ConfigError, did_you_mean
 
 logger = logging.getLogger("vla_scripts.train")
@@ -65,7 +66,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from prismatic.models import build_vlm
+    from prismatic.models import load
     from prismatic.training.checkpointing import Checkpointer, load_checkpoint_file
     from prismatic.training.metrics import StepMetrics
     from prismatic.training.strategies import get_train_strategy
@@ -104,8 +105,13 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
 
     # --- load: model, data, strategy, checkpoint ------------------------------------------------------------
-    vlm = build_vlm(cfg.vla.base_vlm, hf_token=cfg.resolve_hf_token())
+    # A registry id builds the base VLM; a Prismatic run folder / HF OpenVLA folder / Hub id loads its weights.
+    vlm = load(cfg.vla.base_vlm, hf_token=cfg.resolve_hf_token())
     vlm.freeze_backbones(cfg.vla.stage)
+    if cfg.vla.use_lora:  # adapters on the modules the stage trains; the same loop and strategies train them
+        from prismatic.models.lora import apply_lora
+
+        apply_lora(vlm, cfg.vla.lora_settings())
     tokenizer = vlm.llm_backbone.tokenizer
     action_tokenizer = ActionTokenizer(tokenizer)
     ckpt = load_checkpoint_file(cfg.pretrained_checkpoint) if cfg.pretrained_checkpoint is not None else None
@@ -237,8 +243,10 @@ def check_vla_type(argv: list[str]) -> None:
 
 def main() -> None:
     try:
-        check_vla_type(sys.argv[1:])
-        cfg = draccus.parse(config_class=TrainConfig)
+        # Plugins register extra backbones / base VLMs / presets; they must exist before flags are parsed.
+        args = import_plugins(sys.argv[1:])
+        check_vla_type(args)
+        cfg = draccus.parse(config_class=TrainConfig, args=args)
         train(cfg)
     except ConfigError as e:
         if int(os.environ.get("RANK", "0")) == 0:

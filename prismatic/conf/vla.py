@@ -19,6 +19,9 @@ from draccus import ChoiceRegistry
 
 from prismatic.util.errors import ConfigError, did_you_mean
 
+if typing.TYPE_CHECKING:
+    from prismatic.models.lora import LoraSettings
+
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
 TRAIN_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp")
 
@@ -28,7 +31,9 @@ class VLAConfig(ChoiceRegistry):
     """One VLA experiment. Field defaults are OpenVLA's `siglip-224px+mx-bridge` recipe."""
 
     vla_id: str = "siglip-224px+mx-bridge"  # unique id; also the `--vla.type` choice
-    base_vlm: str = "siglip-224px+7b"  # base-VLM registry id (prismatic.models.registry)
+    # Base-VLM registry id (prismatic.models.registry), or a path to a Prismatic run folder / HF OpenVLA folder,
+    # or a Hub repo id (see prismatic.models.loading); a path is kept as text so configs stay plain YAML.
+    base_vlm: str = "siglip-224px+7b"
     freeze_vision_backbone: bool = False
     freeze_llm_backbone: bool = False
     unfreeze_last_llm_layer: bool = False  # only meaningful when the LLM is frozen
@@ -50,9 +55,26 @@ class VLAConfig(ChoiceRegistry):
     warmup_ratio: float = 0.0  # fraction of steps spent warming up (warmup schedules only)
     train_strategy: str = "fsdp-full-shard"  # one of TRAIN_STRATEGIES
 
+    # LoRA (peft): train low-rank adapters instead of the weights, through the same loop and strategies. The
+    # freeze flags still choose which modules train; LoRA puts adapters on their linear layers (lm_head excluded)
+    # and freezes the rest. Merge into plain weights with vla_scripts/merge_lora.py (export_hf.py merges too).
+    use_lora: bool = False
+    lora_rank: int = 32
+    lora_alpha: float | None = None  # None: min(lora_rank, 16), OpenVLA's choice
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "all-linear"  # or comma-separated Linear names, e.g. "q_proj,v_proj"
+
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
+
+    def lora_settings(self) -> LoraSettings | None:
+        """The LoRA settings when `use_lora`, else None (imported lazily: the config stays torch-free)."""
+        if not self.use_lora:
+            return None
+        from prismatic.models.lora import LoraSettings
+
+        return LoraSettings(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
     @property
     def stage(self) -> str:
@@ -111,6 +133,12 @@ class VLAConfig(ChoiceRegistry):
                 f"learning_rate={self.learning_rate} and max_grad_norm={self.max_grad_norm} must be > 0 and "
                 f"weight_decay={self.weight_decay} >= 0."
             )
+        if self.use_lora and (self.lora_rank < 1 or not 0.0 <= self.lora_dropout < 1.0):
+            raise ConfigError(
+                f"lora_rank={self.lora_rank} must be at least 1 and lora_dropout={self.lora_dropout} in [0, 1)."
+            )
+        if self.use_lora and self.lora_alpha is not None and self.lora_alpha <= 0:
+            raise ConfigError(f"lora_alpha={self.lora_alpha} must be > 0 (or unset for min(lora_rank, 16)).")
         if self.shuffle_buffer_size < 1:
             raise ConfigError(f"shuffle_buffer_size={self.shuffle_buffer_size} must be at least 1.")
         _ = self.stage
@@ -247,6 +275,7 @@ register_vla(
     enable_mixed_precision_training=False,
 )
 register_vla("tiny-dinosiglip+mx-toy", "tiny+mx-toy", base_vlm="tiny-dinosiglip+tiny-llama")
+register_vla("tiny-lora+mx-toy", "tiny+mx-toy", use_lora=True, lora_rank=8, lora_alpha=16.0)
 register_vla("tiny-icy+mx-toy", "tiny+mx-toy", freeze_vision_backbone=True)
 register_vla("tiny-sandwich+mx-toy", "tiny+mx-toy", freeze_llm_backbone=True, unfreeze_last_llm_layer=True)
 register_vla(

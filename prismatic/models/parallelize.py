@@ -32,6 +32,52 @@ def mixed_precision_policy(enabled: bool, reduce_in_full_precision: bool) -> Mix
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
 
 
+def cast_frozen_params_to_bf16(vlm: PrismaticVLM) -> int:
+    """Store every frozen floating-point parameter in bf16 (OpenVLA keeps a frozen vision backbone in bf16).
+
+    Only for FSDP under bf16 mixed precision, where all-gathered parameters are cast to bf16 for compute anyway, so
+    frozen weights lose nothing and their memory halves. FSDP2 accepts mixed dtypes inside one unit as long as its
+    *trainable* parameters share one dtype (they stay FP32: master weights and optimizer state). Buffers stay as
+    they are. Checkpoints are written in FP32 regardless (see `Checkpointer.save`). Returns the number cast.
+    """
+    cast = 0
+    for param in vlm.parameters():
+        if not param.requires_grad and param.is_floating_point() and param.dtype != torch.bfloat16:
+            param.data = param.data.to(torch.bfloat16)
+            cast += 1
+    return cast
+
+
+def param_bytes_by_dtype(model: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """Parameter memory per dtype: {"float32": {"total": bytes, "trainable": bytes, "local": bytes}, ...}.
+
+    `total` counts full (logical) parameters; `local` what this rank holds (its FSDP shards, or everything).
+    """
+    out: dict[str, dict[str, int]] = {}
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        entry = out.setdefault(
+            str(param.dtype).removeprefix("torch."), {"total": 0, "trainable": 0, "local": 0}
+        )
+        size = param.numel() * param.element_size()
+        entry["total"] += size
+        entry["trainable"] += size if param.requires_grad else 0
+        entry["local"] += local.numel() * local.element_size()
+    return out
+
+
+def format_param_bytes(report: dict[str, dict[str, int]]) -> str:
+    """One line: "float32 1.20 GB (1.20 GB trainable, 0.60 GB on this rank); bfloat16 ..."."""
+
+    def gb(n: int) -> str:
+        return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+
+    return "; ".join(
+        f"{dtype} {gb(v['total'])} ({gb(v['trainable'])} trainable, {gb(v['local'])} on this rank)"
+        for dtype, v in sorted(report.items())
+    )
+
+
 def apply_llm_activation_checkpointing(vlm: PrismaticVLM) -> None:
     """Recompute each LLM decoder layer's activations in the backward pass (must precede `apply_fsdp`)."""
     layer_ids = {id(layer) for layer in vlm.llm_backbone.get_layers()}

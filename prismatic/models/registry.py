@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prismatic.util.errors import lookup
+from prismatic.util.errors import ConfigError, lookup
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,84 @@ BASE_VLMS: dict[str, BaseVLMSpec] = {
     "prism-dinosiglip-224px+7b": BaseVLMSpec(
         "dinosiglip-vit-so-224px", "llama2-7b-pure", "no-align+fused-gelu-mlp", "resize-naive"
     ),
+
+    # === Section 4.3 extras: other LLMs on the one-stage recipe (CLIP 336px, letterbox, gelu-mlp) ===
+    "one-stage+7b": BaseVLMSpec("clip-vit-l-336px", "vicuna-v15-7b", "no-align+gelu-mlp", "letterbox"),
+    "one-stage+13b": BaseVLMSpec("clip-vit-l-336px", "vicuna-v15-13b", "no-align+gelu-mlp", "letterbox"),
+    "llama2-chat+7b": BaseVLMSpec("clip-vit-l-336px", "llama2-7b-chat", "no-align+gelu-mlp", "letterbox"),
+    "llama2-chat+13b": BaseVLMSpec("clip-vit-l-336px", "llama2-13b-chat", "no-align+gelu-mlp", "letterbox"),
+    "mistral-v0.1+7b": BaseVLMSpec("clip-vit-l-336px", "mistral-v0.1-7b-pure", "no-align+gelu-mlp", "letterbox"),
+    "mistral-instruct-v0.1+7b": BaseVLMSpec(
+        "clip-vit-l-336px", "mistral-v0.1-7b-instruct", "no-align+gelu-mlp", "letterbox"
+    ),
+    "phi-2+3b": BaseVLMSpec("clip-vit-l-336px", "phi-2-3b", "no-align+gelu-mlp", "letterbox"),
+    # === Section 4.2D: stacked DINOv2 + CLIP at 336px ===
+    "dinoclip-336px-letterbox+7b": BaseVLMSpec(
+        "dinoclip-vit-l-336px", "vicuna-v15-7b", "no-align+fused-gelu-mlp", "letterbox"
+    ),
+    "dinoclip-336px-resize-naive+7b": BaseVLMSpec(
+        "dinoclip-vit-l-336px", "vicuna-v15-7b", "no-align+fused-gelu-mlp", "resize-naive"
+    ),
+    # MiniVLA's base VLM: Qwen2.5 0.5B with the 224px DINO-SigLIP backbone.
+    "prism-qwen25-dinosiglip-224px+0_5b": BaseVLMSpec(
+        "dinosiglip-vit-so-224px", "qwen25-0_5b-pure", "no-align+fused-gelu-mlp", "resize-naive"
+    ),
 }
 # fmt: on
+
+
+def register_base_vlm(base_vlm_id: str, spec: BaseVLMSpec, *, replace: bool = False) -> None:
+    """Add a base VLM (a vision backbone + LLM + projector combination) to the registry.
+
+    Raises:
+        ConfigError: the id is already registered (pass `replace=True` to override it on purpose).
+    """
+    if base_vlm_id in BASE_VLMS and not replace:
+        raise ConfigError(f"Base VLM '{base_vlm_id}' is already registered; pick another id.")
+    BASE_VLMS[base_vlm_id] = spec
 
 
 def get_base_vlm_spec(base_vlm_id: str) -> BaseVLMSpec:
     """Look up a base-VLM id, raising a did-you-mean `ConfigError` when unknown."""
     return lookup(BASE_VLMS, base_vlm_id, "base VLM")
+
+
+PLUGINS_ENV = "PRISMATIC_PLUGINS"
+
+
+def import_plugins(argv: list[str]) -> list[str]:
+    """Import the modules named by `--plugins a.b,c.d` (and `$PRISMATIC_PLUGINS`); return argv without the flag.
+
+    A plugin is any importable module that registers backbones, base VLMs or VLA presets at import time
+    (`register_llm_backbone`, `register_vision_backbone`, `register_base_vlm`, `register_vla`): entry points
+    import them before parsing flags, so `--vla.type` can name what they add. See docs/adding_a_model.md.
+
+    Raises:
+        ConfigError: a named module cannot be imported.
+    """
+    import importlib
+    import os
+
+    names = [n for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--plugins" and i + 1 < len(argv):
+            names += argv[i + 1].split(",")
+            i += 2
+            continue
+        if arg.startswith("--plugins="):
+            names += arg.split("=", 1)[1].split(",")
+        else:
+            rest.append(arg)
+        i += 1
+    for name in (n.strip() for n in names if n.strip()):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(
+                f"Plugin module '{name}' (from --plugins / ${PLUGINS_ENV}) cannot be imported: {err}. Put its "
+                "folder on PYTHONPATH."
+            ) from err
+    return rest

@@ -111,6 +111,8 @@ class Checkpointer:
         """Gather the full state and write it on rank 0. Collective: call on every rank."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_sd = get_model_state_dict(model, options=options)
+        # Frozen parameters may be stored in bf16 under FSDP mixed precision; checkpoints are always FP32.
+        model_sd = {k: v.float() if v.is_floating_point() else v for k, v in model_sd.items()}
         optim_sd = get_optimizer_state_dict(model, optimizer, options=options)
         path = self.dir / checkpoint_name(train_state["step"], train_state["epoch"], loss)
         if self.is_main:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -34,12 +35,19 @@ def init_distributed() -> DistInfo:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if "MASTER_ADDR" not in os.environ:  # a plain process, not torchrun: a group of one on a free port
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(_free_port())
         dist.init_process_group(
             backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
         )
     return DistInfo(rank, local_rank, world_size, max(1, world_size // max(1, local_world)), device)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def destroy_distributed() -> None:

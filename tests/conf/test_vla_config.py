@@ -114,3 +114,33 @@ def test_resume_point_validates_file_name(tmp_path: Path):
         cfg.resume_point()
     cfg.is_resume = False
     assert cfg.resume_point() is None
+
+
+def test_lora_fields_and_validation():
+    cfg = draccus.parse(
+        config_class=TrainConfig,
+        args=[
+            "--vla.type",
+            "tiny-lora+mx-toy",
+            "--vla.lora_rank",
+            "4",
+            "--vla.lora_target_modules",
+            "q_proj,v_proj",
+        ],
+    )
+    assert cfg.vla.use_lora and cfg.vla.lora_rank == 4 and cfg.vla.lora_alpha == 16.0
+    settings = cfg.vla.lora_settings()
+    assert (settings.rank, settings.resolved_alpha, settings.target_modules) == (4, 16.0, "q_proj,v_proj")
+    assert get_vla_config("tiny+mx-toy").lora_settings() is None
+    assert get_vla_config("siglip-224px+mx-bridge").lora_target_modules == "all-linear"
+    bad = get_vla_config("tiny-lora+mx-toy")
+    bad.lora_rank = 0
+    with pytest.raises(ConfigError, match="lora_rank=0"):
+        bad.validate(2)
+
+
+def test_base_vlm_may_be_a_path(tmp_path: Path):
+    cfg = draccus.parse(
+        config_class=TrainConfig, args=["--vla.type", "tiny+mx-toy", "--vla.base_vlm", str(tmp_path)]
+    )
+    assert cfg.vla.base_vlm == str(tmp_path)

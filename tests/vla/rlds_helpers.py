@@ -34,8 +34,9 @@ def raw_actions_and_proprio(dataset_dir: Path, split: str) -> list[dict[str, np.
 
 
 def q99_normalize(x: np.ndarray, low: np.ndarray, high: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """BOUNDS_Q99 written out independently of `normalization.py`."""
+    """BOUNDS_Q99 written out independently of `normalization.py` (constant dims, low == high, map to 0)."""
     out = np.clip(2.0 * (x - low) / (high - low + 1e-8) - 1.0, -1.0, 1.0)
+    out = np.where(low == high, 0.0, out)
     return np.where(mask, out, x)
 
 

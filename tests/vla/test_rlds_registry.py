@@ -22,8 +22,10 @@ def test_registries_are_consistent() -> None:
     for name, config in DATASET_CONFIGS.items():
         assert config.name == name
         assert config.standardize_fn in STANDARDIZE_FNS
-        assert config.action_normalization_mask == (True,) * 6 + (False,)
-        assert config.absolute_action_mask == (False,) * 6 + (True,)
+        # Every arm dim is a normalised delta; the last (gripper) is absolute and left as is.
+        arm = config.action_dim - 1
+        assert config.action_normalization_mask == (True,) * arm + (False,)
+        assert config.absolute_action_mask == (False,) * arm + (True,)
     for spec in MIXTURES.values():
         assert all(dataset in DATASET_CONFIGS for dataset, _ in spec)
     assert {"toy", "toy_pick_place", "bridge", "rt_1", "bridge_rt_1"} <= set(MIXTURES)

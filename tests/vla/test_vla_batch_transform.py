@@ -65,3 +65,47 @@ def test_dict_image_transform_passes_through(tiny_tokenizer) -> None:
     )
     out = transform(_frame(np.zeros(7, np.float32)))
     assert set(out["pixel_values"]) == {"dino", "siglip"}
+
+
+def test_fast_image_path_is_bit_identical_to_the_backbones_transform(tiny_tokenizer) -> None:
+    """Resize-naive 224 timm transform (SigLIP and ImageNet normalisation, fused): array path == PIL path."""
+    from PIL import Image
+
+    from prismatic.models.backbones.vision.transforms import FusedImageTransform, build_image_transform
+    from prismatic.vla.datasets.datasets import fast_image_transform
+
+    def timm_224(mean: tuple, std: tuple) -> object:
+        cfg = {
+            "input_size": (3, 224, 224),
+            "interpolation": "bicubic",
+            "mean": mean,
+            "std": std,
+            "crop_pct": 1.0,
+        }
+        return build_image_transform(cfg, "resize-naive")
+
+    siglip = timm_224((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    dino = timm_224((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    image = np.random.default_rng(0).integers(0, 256, size=(224, 224, 3), dtype=np.uint8)
+    for transform in (siglip, dino):
+        fast = fast_image_transform(transform)
+        assert fast is not None
+        assert torch.equal(fast(image), transform(Image.fromarray(image)))
+    fused = FusedImageTransform({"dino": dino, "siglip": siglip})
+    fast = fast_image_transform(fused)
+    reference = fused(Image.fromarray(image))
+    assert all(torch.equal(fast(image)[k], reference[k]) for k in reference)
+    # Through the batch transform: same pixel values with and without the fast path; other sizes use PIL.
+    action_tokenizer = ActionTokenizer(tiny_tokenizer)
+    frame = _frame(np.zeros(7, np.float32))
+    for size in (224, 100):
+        frame["observation"]["image_primary"] = image[:size, :size]
+        outputs = [
+            RLDSBatchTransform(
+                action_tokenizer, tiny_tokenizer, siglip, PurePromptBuilder, use_fast_image_path=fast
+            )(frame)
+            for fast in (True, False)
+        ]
+        assert torch.equal(outputs[0]["pixel_values"], outputs[1]["pixel_values"])
+        assert outputs[0]["pixel_values"].shape == (3, 224, 224)
+    assert fast_image_transform(lambda image: image) is None

@@ -18,7 +18,12 @@ import torch
 from tqdm import tqdm
 
 from prismatic.conf.vla import VLAConfig
-from prismatic.models.parallelize import apply_llm_activation_checkpointing, bf16_supported
+from prismatic.models.parallelize import (
+    apply_llm_activation_checkpointing,
+    bf16_supported,
+    format_param_bytes,
+    param_bytes_by_dtype,
+)
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.checkpointing import Checkpointer
 from prismatic.training.metrics import StepMetrics
@@ -60,6 +65,7 @@ class TrainingStrategy(ABC):
             apply_llm_activation_checkpointing(self.vlm)
         self.vlm.to(self.dist.device)
         self.model = self.wrap_model()
+        logger.info("Parameter memory: %s", format_param_bytes(param_bytes_by_dtype(self.model)))
         self.optimizer = build_optimizer(self.model, self.vla.learning_rate, self.vla.weight_decay)
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer, self.vla.lr_scheduler_type, num_training_steps, self.vla.warmup_ratio

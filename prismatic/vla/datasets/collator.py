@@ -17,6 +17,14 @@ import torch
 from prismatic.util.constants import IGNORE_INDEX
 
 
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.stack`, through NumPy for plain CPU tensors: a single-threaded copy is several times faster than
+    torch's thread pool while tf.data keeps the cores busy (same values, same dtype)."""
+    if all(t.device.type == "cpu" and not t.requires_grad for t in tensors):
+        return torch.from_numpy(np.stack([t.numpy() for t in tensors]))
+    return torch.stack(tensors)
+
+
 @dataclass
 class PaddedCollatorForActionPrediction:
     """list of `RLDSBatchTransform` outputs -> {"pixel_values", "input_ids", "attention_mask", "labels",
@@ -67,9 +75,9 @@ class PaddedCollatorForActionPrediction:
 
         pixel_values = [x["pixel_values"] for x in instances]
         if isinstance(pixel_values[0], torch.Tensor):
-            stacked_pixels: torch.Tensor | dict[str, torch.Tensor] = torch.stack(pixel_values)
+            stacked_pixels: torch.Tensor | dict[str, torch.Tensor] = _stack(pixel_values)
         elif isinstance(pixel_values[0], dict):
-            stacked_pixels = {k: torch.stack([pv[k] for pv in pixel_values]) for k in pixel_values[0]}
+            stacked_pixels = {k: _stack([pv[k] for pv in pixel_values]) for k in pixel_values[0]}
         else:
             raise TypeError(
                 f"pixel_values must be a Tensor or a dict of Tensors, got {type(pixel_values[0])}."

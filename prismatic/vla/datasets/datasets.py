@@ -5,12 +5,18 @@ the text *before* the answer, and appends the action token ids and EOS as intege
 checkpoint was trained on, with no decode / re-encode round trip through text that could merge or split them.
 `RLDSDataset` wraps the `tf.data` pipeline of `rlds/dataset.py`; iterate it with a `DataLoader` with
 `num_workers=0` (the pipeline parallelises internally, and copies in worker processes would repeat one stream).
+
+Per-frame Python work bounds the data rate, so the transform avoids two costs when it can prove the result is
+identical: the tokenized prompt prefix is cached per instruction, and when the backbone's transform is a plain
+"resize to H x W (a no-op: the pipeline already delivers H x W), to tensor, normalise" (every resize-naive timm
+ViT), the image goes straight from the NumPy array to the normalised tensor with the same float32 operations,
+skipping the PIL round trip (`fast_image_transform`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,89 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass(frozen=True)
+class _ArrayToNormalizedTensor:
+    """uint8[H, W, 3] array -> normalised float32 Tensor[3, H, W], bit-identical to `ToTensor` + `Normalize`.
+
+    A uint8 input has 256 possible values per channel, so the result is a table look-up: `table[c, v]` holds
+    `((v / 255) - mean[c]) / std[c]` computed with the same float32 operations in the same order as torchvision.
+    One gather per pixel instead of three arithmetic passes, in NumPy (single-threaded): torch's intra-op
+    thread pool makes tiny per-frame ops ~10x slower when tf.data keeps the cores busy.
+    """
+
+    size_hw: tuple[int, int]
+    table: np.ndarray  # float32[3, 256]
+
+    @classmethod
+    def from_mean_std(cls, size_hw: tuple[int, int], mean: Any, std: Any) -> _ArrayToNormalizedTensor:
+        values = torch.arange(256, dtype=torch.float32)[None, :].expand(3, 256)
+        mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(3, 1)
+        std_t = torch.as_tensor(std, dtype=torch.float32).reshape(3, 1)
+        return cls(size_hw, values.div(255).sub(mean_t).div(std_t).numpy())
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        out = np.empty((3, *image.shape[:2]), np.float32)
+        for channel in range(3):
+            np.take(self.table[channel], image[:, :, channel], out=out[channel])
+        return torch.from_numpy(out)
+
+
+@dataclass(frozen=True)
+class _FusedArrayTransform:
+    """`_ArrayToNormalizedTensor` per part of a fused backbone (same size): {"dino": Tensor, "siglip": Tensor}."""
+
+    parts: Mapping[str, _ArrayToNormalizedTensor]
+    size_hw: tuple[int, int]
+
+    def __call__(self, image: np.ndarray) -> dict[str, torch.Tensor]:
+        return {name: part(image) for name, part in self.parts.items()}
+
+
+def _size_hw(size: Any) -> tuple[int, int] | None:
+    if isinstance(size, int):
+        return size, size
+    if isinstance(size, tuple | list) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    return None
+
+
+def fast_image_transform(image_transform: Any) -> _ArrayToNormalizedTensor | _FusedArrayTransform | None:
+    """An array-to-tensor equivalent of `image_transform` for images already at its output size, or None.
+
+    Recognised: a torchvision `Compose` of [Resize(H, W) (PIL returns an unchanged copy at that size),
+    CenterCrop(H, W) (a no-op at that size), ToTensor / timm's MaybeToTensor, Normalize(mean, std)], and a
+    fused transform (`.transforms` dict) whose parts are all recognised. Anything else returns None (the
+    caller keeps the PIL path).
+    """
+    from torchvision import transforms as T
+
+    parts = getattr(image_transform, "transforms", None)
+    if isinstance(parts, Mapping):
+        fast = {name: fast_image_transform(part) for name, part in parts.items()}
+        sizes = {getattr(f, "size_hw", None) for f in fast.values()}
+        if not fast or None in sizes or len(sizes) != 1:
+            return None
+        return _FusedArrayTransform(fast, sizes.pop())
+    if not isinstance(image_transform, T.Compose) or len(parts) != 4:
+        return None
+    resize, crop, to_tensor, normalize = parts
+    size = _size_hw(getattr(resize, "size", None))
+    if (
+        not isinstance(resize, T.Resize)
+        or size is None
+        or getattr(resize, "max_size", None) is not None
+        or not isinstance(crop, T.CenterCrop)
+        or _size_hw(crop.size) != size
+        or type(to_tensor).__name__ not in ("ToTensor", "MaybeToTensor")
+        or not isinstance(normalize, T.Normalize)
+        or normalize.inplace
+    ):
+        return None
+    if torch.as_tensor(normalize.mean).numel() != 3 or torch.as_tensor(normalize.std).numel() != 3:
+        return None
+    return _ArrayToNormalizedTensor.from_mean_std(size, normalize.mean, normalize.std)
+
+
 @dataclass
 class RLDSBatchTransform:
     """One standardised frame -> {"pixel_values", "input_ids", "labels", "dataset_name", "actions"}.
@@ -45,16 +134,41 @@ class RLDSBatchTransform:
     image_transform: ImageTransform
     prompt_builder_fn: type[PromptBuilder]
     predict_stop_token: bool = True
+    use_fast_image_path: bool = True  # skip the PIL round trip where provably identical (module docstring)
+    _prefix_cache: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _fast_image: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.use_fast_image_path:
+            self._fast_image = fast_image_transform(self.image_transform)
+
+    def _prefix_ids(self, instruction: str) -> list[int]:
+        """Token ids of the prompt up to the answer; cached (datasets repeat a few thousand instructions)."""
+        ids = self._prefix_cache.get(instruction)
+        if ids is None:
+            prompt_builder = self.prompt_builder_fn("openvla")
+            prompt_builder.add_turn("human", f"What action should the robot take to {instruction}?")
+            ids = self.base_tokenizer(prompt_builder.get_response_prefix(), add_special_tokens=True).input_ids
+            if len(self._prefix_cache) < 100_000:  # bounded, in case every frame has its own instruction
+                self._prefix_cache[instruction] = ids
+        return ids
+
+    def _pixel_values(self, image: np.ndarray) -> Any:
+        fast = self._fast_image
+        if (
+            fast is not None
+            and image.shape[:2] == fast.size_hw
+            and image.shape[2:] == (3,)
+            and image.dtype == np.uint8
+        ):
+            return fast(image)
+        return self.image_transform(Image.fromarray(image))
 
     def __call__(self, frame: dict[str, Any]) -> dict[str, Any]:
         instruction = _text(frame["task"]["language_instruction"]).lower()
         action = np.asarray(frame["action"], dtype=np.float32)
 
-        prompt_builder = self.prompt_builder_fn("openvla")
-        prompt_builder.add_turn("human", f"What action should the robot take to {instruction}?")
-        prefix_ids = self.base_tokenizer(
-            prompt_builder.get_response_prefix(), add_special_tokens=True
-        ).input_ids
+        prefix_ids = self._prefix_ids(instruction)
         action_ids = self.action_tokenizer.encode_to_ids(action).tolist()
         eos_id = self.base_tokenizer.eos_token_id
 
@@ -64,9 +178,9 @@ class RLDSBatchTransform:
         if self.predict_stop_token:
             labels[-1] = eos_id
 
-        image = Image.fromarray(np.asarray(frame["observation"]["image_primary"]))
+        image = np.asarray(frame["observation"]["image_primary"])
         return {
-            "pixel_values": self.image_transform(image),
+            "pixel_values": self._pixel_values(image),
             "input_ids": input_ids,
             "labels": labels,
             "dataset_name": _text(frame["dataset_name"]),
@@ -97,6 +211,10 @@ class RLDSDataset(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         start_sample: int = 0,
+        skip_missing_datasets: bool = False,
+        shuffle_buffer_ram_gb: float | None = None,
+        window_size: int = 1,
+        future_action_window_size: int = 0,
     ) -> None:
         self.data_root_dir, self.data_mix, self.batch_transform = (
             Path(data_root_dir),
@@ -115,6 +233,10 @@ class RLDSDataset(IterableDataset):
             rank=rank,
             world_size=world_size,
             start_sample=start_sample,
+            skip_missing_datasets=skip_missing_datasets,
+            shuffle_buffer_ram_gb=shuffle_buffer_ram_gb,
+            window_size=window_size,
+            future_action_window_size=future_action_window_size,
         )
         self.dataset = pipeline.dataset
         self.dataset_statistics = pipeline.dataset_statistics

@@ -8,6 +8,7 @@ resized to a multiple of 64 (faster matmuls; the extra rows are never produced b
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -40,8 +42,26 @@ def _unavailable(identifier: str, spec: LLMBackboneSpec, err: Exception) -> Conf
     )
 
 
-def _load_tokenizer(identifier: str, spec: LLMBackboneSpec, hf_token: str | None) -> PreTrainedTokenizerBase:
-    if spec.tokenizer_source == "tiny":
+def prepend_bos(tokenizer: PreTrainedTokenizerBase, bos_token: str) -> None:
+    """Make a fast tokenizer prepend `bos_token` on encode (Phi-2 and Qwen2.5 tokenizers prepend nothing)."""
+    from tokenizers import processors
+
+    bos_id = tokenizer.convert_tokens_to_ids(bos_token)
+    if bos_id is None or bos_id == tokenizer.unk_token_id:
+        raise ValueError(f"BOS token {bos_token!r} is not in the tokenizer's vocabulary.")
+    tokenizer.bos_token = bos_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos_token} $A", pair=f"{bos_token} $A $B", special_tokens=[(bos_token, bos_id)]
+    )
+
+
+def _load_tokenizer(
+    identifier: str, spec: LLMBackboneSpec, hf_token: str | None, tokenizer_dir: Path | None
+) -> PreTrainedTokenizerBase:
+    if tokenizer_dir is not None:
+        # A checkpoint folder that ships its tokenizer (HF OpenVLA layout): already has its pad token.
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), padding_side="right")
+    elif spec.tokenizer_source == "tiny":
         from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
 
         tokenizer = load_tiny_tokenizer()
@@ -51,13 +71,22 @@ def _load_tokenizer(identifier: str, spec: LLMBackboneSpec, hf_token: str | None
         except OSError as err:
             raise _unavailable(identifier, spec, err) from err
     tokenizer.model_max_length = spec.max_length
+    if spec.bos_token is not None and tokenizer_dir is None:
+        prepend_bos(tokenizer, spec.bos_token)
     return tokenizer
 
 
 def _load_llm(
-    identifier: str, spec: LLMBackboneSpec, vocab_size: int, hf_token: str | None, pretrained: bool
+    identifier: str,
+    spec: LLMBackboneSpec,
+    vocab_size: int,
+    hf_token: str | None,
+    pretrained: bool,
+    config: PretrainedConfig | None,
 ) -> PreTrainedModel:
     kwargs = {"attn_implementation": spec.attn_implementation, "dtype": torch.float32}
+    if config is not None:
+        return AutoModelForCausalLM.from_config(config, **kwargs)
     if spec.hf_hub_id is None:
         config = AutoConfig.for_model(spec.model_type, vocab_size=vocab_size, **spec.config)
         return AutoModelForCausalLM.from_config(config, **kwargs)
@@ -75,12 +104,20 @@ class HFCausalLLMBackbone(LLMBackbone):
     """`llm` is the `{Model}ForCausalLM` (state-dict keys `llm.*`, as in Prismatic); `tokenizer` has a pad token."""
 
     def __init__(
-        self, identifier: str, spec: LLMBackboneSpec, *, hf_token: str | None = None, pretrained: bool
+        self,
+        identifier: str,
+        spec: LLMBackboneSpec,
+        *,
+        hf_token: str | None = None,
+        pretrained: bool,
+        config: PretrainedConfig | None = None,
+        tokenizer_dir: Path | None = None,
     ) -> None:
+        """`config` / `tokenizer_dir` (from a checkpoint folder) replace the Hub config and tokenizer."""
         super().__init__(identifier)
         self.spec = spec
         self.llm_family = spec.llm_family
-        self.tokenizer = _load_tokenizer(identifier, spec, hf_token)
+        self.tokenizer = _load_tokenizer(identifier, spec, hf_token, tokenizer_dir)
         # The VLM inserts patches right after BOS, so every tokenized prompt must start with it.
         probe = self.tokenizer("Testing 123").input_ids
         if not probe or probe[0] != self.tokenizer.bos_token_id:
@@ -88,7 +125,7 @@ class HFCausalLLMBackbone(LLMBackbone):
                 f"Tokenizer of LLM backbone '{identifier}' does not prepend BOS; the VLM relies on it."
             )
 
-        self.llm = _load_llm(identifier, spec, self.tokenizer.vocab_size, hf_token, pretrained)
+        self.llm = _load_llm(identifier, spec, self.tokenizer.vocab_size, hf_token, pretrained, config)
         self.llm.config.use_cache = False
         if self.tokenizer.pad_token is None:
             self.tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})

@@ -1,6 +1,7 @@
 """Vision backbone registry: id -> which timm ViT(s) to build, at what resolution, with which overrides.
 
-Adding a backbone is one entry here. Single backbones are one `ViTSpec`; fused backbones (DINO + SigLIP) are a
+Adding a backbone is one `register_vision_backbone(...)` call (here for the shipped ones, or from your own code;
+see docs/adding_a_model.md). Single backbones are one `ViTSpec`; fused backbones (DINO + SigLIP) are a
 `FusedViTSpec` whose parts are concatenated on the channel dim. Tiny ids build from random init in milliseconds
 through the same timm code paths as the real ones; real ids load pretrained timm weights from the Hub.
 """
@@ -68,6 +69,7 @@ class FusedViTSpec:
 VisionBackboneSpec = SingleViTSpec | FusedViTSpec
 
 _DINOV2_L = ViTSpec("vit_large_patch14_reg4_dinov2.lvd142m", 224)  # DINOv2 with 4 registers, as Prismatic
+_DINOV2_L_336 = ViTSpec(_DINOV2_L.timm_id, 336)
 _SIGLIP_SO_224 = ViTSpec("vit_so400m_patch14_siglip_224.webli", 224)
 _SIGLIP_SO_384 = ViTSpec("vit_so400m_patch14_siglip_384.webli", 384)
 # OpenAI CLIP was trained with QuickGELU; timm defaults to exact GELU, which gives worse features.
@@ -101,8 +103,24 @@ VISION_BACKBONES: dict[str, VisionBackboneSpec] = {
     "clip-vit-l-336px": SingleViTSpec(ViTSpec("vit_large_patch14_clip_336.openai", 336, _QUICK_GELU)),
     "siglip-vit-so400m-384px": SingleViTSpec(_SIGLIP_SO_384),
     "dinosiglip-vit-so-384px": FusedViTSpec({"dino": ViTSpec(_DINOV2_L.timm_id, 384), "siglip": _SIGLIP_SO_384}),
+    "dinoclip-vit-l-336px": FusedViTSpec(
+        {"dino": _DINOV2_L_336, "clip": ViTSpec("vit_large_patch14_clip_336.openai", 336, _QUICK_GELU)}
+    ),
 }
 # fmt: on
+
+
+def register_vision_backbone(
+    vision_backbone_id: str, spec: VisionBackboneSpec, *, replace: bool = False
+) -> None:
+    """Add a vision backbone to the registry (the public path for new backbones; see docs/adding_a_model.md).
+
+    Raises:
+        ConfigError: `vision_backbone_id` is already registered (pass `replace=True` to override it on purpose).
+    """
+    if vision_backbone_id in VISION_BACKBONES and not replace:
+        raise ConfigError(f"Vision backbone '{vision_backbone_id}' is already registered; pick another id.")
+    VISION_BACKBONES[vision_backbone_id] = spec
 
 
 def get_vision_backbone_spec(vision_backbone_id: str) -> VisionBackboneSpec:

@@ -12,7 +12,13 @@ from prismatic.vla.datasets.rlds.configs import (
     get_dataset_config,
     register_dataset,
 )
-from prismatic.vla.datasets.rlds.dataset import RLDSPipeline, find_dataset_dir, make_interleaved_dataset
+from prismatic.vla.datasets.rlds.dataset import (
+    RLDSPipeline,
+    find_dataset_dir,
+    make_interleaved_dataset,
+    mixture_statistics,
+    resolve_mixture_dirs,
+)
 from prismatic.vla.datasets.rlds.mixtures import (
     MIXTURES,
     balance_sample_weights,
@@ -27,6 +33,7 @@ from prismatic.vla.datasets.rlds.transforms import (
     get_standardize_fn,
     register_standardize_fn,
 )
+from prismatic.vla.datasets.rlds.writer import write_rlds_dataset
 
 __all__ = [
     "DATASET_CONFIGS",
@@ -45,11 +52,14 @@ __all__ = [
     "get_mixture",
     "get_standardize_fn",
     "make_interleaved_dataset",
+    "mixture_statistics",
     "normalize_np",
     "normalize_tf",
     "register_dataset",
     "register_mixture",
     "register_standardize_fn",
+    "resolve_mixture_dirs",
     "save_dataset_statistics",
     "unnormalize_np",
+    "write_rlds_dataset",
 ]

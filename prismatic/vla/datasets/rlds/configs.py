@@ -78,6 +78,8 @@ class RLDSDatasetConfig:
         action_normalization_type: how actions and proprio are normalised.
         absolute_action_mask: which action dims are absolute (default: the gripper).
         action_normalization_mask: which action dims are normalised (default: all but the gripper).
+        drop_zero_action_frames: drop training frames whose arm action (every dim but the gripper) is exactly
+            zero: idle steps (OpenVLA's `zero_action_filter` for DROID). Statistics still cover every step.
     """
 
     name: str
@@ -93,6 +95,7 @@ class RLDSDatasetConfig:
     action_normalization_type: NormalizationType = NormalizationType.BOUNDS_Q99
     absolute_action_mask: tuple[bool, ...] | None = None
     action_normalization_mask: tuple[bool, ...] | None = None
+    drop_zero_action_frames: bool = False
 
     def __post_init__(self) -> None:
         # Internal invariants of registry entries (a bad entry is a bug in this file, not user input).
@@ -193,13 +196,384 @@ register_dataset(  # Bridge V2 as stored in the Open-X bucket
         standardize_fn="bridge_oxe",
     )
 )
-register_dataset(  # Google RT-1 robot data
+register_dataset(  # Bridge V2 under its tfds name `bridge_dataset` (same layout as bridge_orig)
     RLDSDatasetConfig(
-        name="fractal20220817_data",
-        image_obs_keys=_cams("image"),
-        state_obs_keys=("base_pose_tool_reached", "gripper_closed"),
-        state_encoding=StateEncoding.POS_QUAT,
+        name="bridge_dataset",
+        image_obs_keys=_cams("image_0", "image_1"),
+        state_obs_keys=("EEF_state", None, "gripper_state"),
+        state_encoding=StateEncoding.POS_EULER,
         action_encoding=ActionEncoding.EEF_POS,
-        standardize_fn="rt1",
+        standardize_fn="bridge_orig",
     )
 )
+
+_E, _Q, _J, _N = StateEncoding.POS_EULER, StateEncoding.POS_QUAT, StateEncoding.JOINT, StateEncoding.NONE
+_EEF_GRIP = ("eef_state", None, "gripper_state")  # the most common state layout: EEF (6) + pad + gripper
+_NO_STATE = (None,) * 8
+
+# One row per Open-X dataset OpenVLA's config table knows:
+#   name, (primary, secondary, wrist) image keys, state keys, state encoding, standardize_fn id,
+#   optional extras: depth=(primary, secondary, wrist) depth keys, action=ActionEncoding.
+# Image / state keys and the standardisation follow OpenVLA's `oxe/configs.py` and `oxe/transforms.py`.
+_OXE_TABLE: tuple[tuple, ...] = (
+    ("fractal20220817_data", ("image", None, None), ("base_pose_tool_reached", "gripper_closed"), _Q, "rt1"),
+    (
+        "kuka",
+        ("image", None, None),
+        ("clip_function_input/base_pose_tool_reached", "gripper_closed"),
+        _Q,
+        "kuka",
+    ),
+    (
+        "taco_play",
+        ("rgb_static", None, "rgb_gripper"),
+        ("state_eef", None, "state_gripper"),
+        _E,
+        "taco_play",
+        {"depth": ("depth_static", None, "depth_gripper")},
+    ),
+    ("jaco_play", ("image", None, "image_wrist"), ("state_eef", None, "state_gripper"), _E, "jaco_play"),
+    (
+        "berkeley_cable_routing",
+        ("image", "top_image", "wrist45_image"),
+        ("robot_state", None),
+        _J,
+        "berkeley_cable_routing",
+    ),
+    ("roboturk", ("front_rgb", None, None), _NO_STATE, _N, "rtx_invert_gripper"),
+    ("nyu_door_opening_surprising_effectiveness", (None, None, "image"), _NO_STATE, _N, "rt1"),
+    (
+        "viola",
+        ("agentview_rgb", None, "eye_in_hand_rgb"),
+        ("joint_states", "gripper_states"),
+        _J,
+        "rtx_invert_gripper",
+    ),
+    (
+        "berkeley_autolab_ur5",
+        ("image", None, "hand_image"),
+        ("state",),
+        _Q,
+        "berkeley_autolab_ur5",
+        {"depth": ("depth", None, None)},
+    ),
+    ("toto", ("image", None, None), ("state", None), _J, "rtx_open_gripper"),
+    (
+        "language_table",
+        ("rgb", None, None),
+        ("effector_translation", None, None, None, None, None, None),
+        _E,
+        "language_table",
+    ),
+    (
+        "columbia_cairlab_pusht_real",
+        ("image", None, "wrist_image"),
+        ("robot_state", None, None, None, None, None, None),
+        _E,
+        "rtx_absolute_gripper",
+    ),
+    (
+        "stanford_kuka_multimodal_dataset_converted_externally_to_rlds",
+        ("image", None, None),
+        ("ee_position", "ee_orientation", None),
+        _Q,
+        "stanford_kuka_multimodal",
+        {"depth": ("depth_image", None, None)},
+    ),
+    ("nyu_rot_dataset_converted_externally_to_rlds", ("image", None, None), _EEF_GRIP, _E, "nyu_rot"),
+    (
+        "stanford_hydra_dataset_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        _EEF_GRIP,
+        _E,
+        "stanford_hydra",
+    ),
+    (
+        "austin_buds_dataset_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        ("state",),
+        _J,
+        "austin_buds",
+    ),
+    (
+        "nyu_franka_play_dataset_converted_externally_to_rlds",
+        ("image", "image_additional_view", None),
+        ("eef_state", None, None),
+        _E,
+        "nyu_franka_play",
+        {"depth": ("depth", "depth_additional_view", None)},
+    ),
+    (
+        "maniskill_dataset_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        ("tcp_pose", "gripper_state"),
+        _Q,
+        "maniskill",
+        {"depth": ("depth", None, "wrist_depth")},
+    ),
+    (
+        "furniture_bench_dataset_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        ("state",),
+        _Q,
+        "furniture_bench",
+    ),
+    (
+        "cmu_franka_exploration_dataset_converted_externally_to_rlds",
+        ("highres_image", None, None),
+        _NO_STATE,
+        _N,
+        "drop_last_action_dim",
+    ),
+    (
+        "ucsd_kitchen_dataset_converted_externally_to_rlds",
+        ("image", None, None),
+        ("joint_state", None),
+        _J,
+        "ucsd_kitchen",
+    ),
+    (
+        "ucsd_pick_and_place_dataset_converted_externally_to_rlds",
+        ("image", None, None),
+        _EEF_GRIP,
+        _E,
+        "ucsd_pick_and_place",
+    ),
+    (
+        "austin_sailor_dataset_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        ("state",),
+        _Q,
+        "invert_clip_gripper",
+    ),
+    (
+        "austin_sirius_dataset_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        ("state",),
+        _Q,
+        "invert_clip_gripper",
+    ),
+    (
+        "bc_z",
+        ("image", None, None),
+        ("present/xyz", "present/axis_angle", None, "present/sensed_close"),
+        _E,
+        "bc_z",
+    ),
+    (
+        "utokyo_pr2_opening_fridge_converted_externally_to_rlds",
+        ("image", None, None),
+        _EEF_GRIP,
+        _E,
+        "utokyo_pr2",
+    ),
+    (
+        "utokyo_pr2_tabletop_manipulation_converted_externally_to_rlds",
+        ("image", None, None),
+        _EEF_GRIP,
+        _E,
+        "utokyo_pr2",
+    ),
+    (
+        "utokyo_xarm_pick_and_place_converted_externally_to_rlds",
+        ("image", "image2", "hand_image"),
+        ("end_effector_pose", None, None),
+        _E,
+        "identity",
+    ),
+    (
+        "utokyo_xarm_bimanual_converted_externally_to_rlds",
+        ("image", None, None),
+        ("pose_r", None, None),
+        _E,
+        "last7_action",
+    ),
+    ("robo_net", ("image", "image1", None), _EEF_GRIP, _E, "robo_net"),
+    (
+        "berkeley_mvp_converted_externally_to_rlds",
+        (None, None, "hand_image"),
+        ("pose", "gripper"),
+        _Q,
+        "identity",
+        {"action": ActionEncoding.JOINT_POS},
+    ),
+    (
+        "berkeley_rpt_converted_externally_to_rlds",
+        (None, None, "hand_image"),
+        ("joint_pos", "gripper"),
+        _J,
+        "identity",
+        {"action": ActionEncoding.JOINT_POS},
+    ),
+    (
+        "kaist_nonprehensile_converted_externally_to_rlds",
+        ("image", None, None),
+        ("state", None),
+        _Q,
+        "kaist_nonprehensile",
+    ),
+    (
+        "stanford_mask_vit_converted_externally_to_rlds",
+        ("image", None, None),
+        _EEF_GRIP,
+        _E,
+        "stanford_mask_vit",
+    ),
+    (
+        "tokyo_u_lsmo_converted_externally_to_rlds",
+        ("image", None, None),
+        _EEF_GRIP,
+        _E,
+        "eef_state_6_gripper_last",
+    ),
+    (
+        "dlr_sara_pour_converted_externally_to_rlds",
+        ("image", None, None),
+        ("state", None, None),
+        _E,
+        "identity",
+    ),
+    (
+        "dlr_sara_grid_clamp_converted_externally_to_rlds",
+        ("image", None, None),
+        ("state", None, None),
+        _E,
+        "dlr_sara_grid_clamp",
+    ),
+    (
+        "dlr_edan_shared_control_converted_externally_to_rlds",
+        ("image", None, None),
+        ("state", None),
+        _E,
+        "invert_gripper",
+    ),
+    ("asu_table_top_converted_externally_to_rlds", ("image", None, None), _EEF_GRIP, _E, "asu_table_top"),
+    (
+        "stanford_robocook_converted_externally_to_rlds",
+        ("image_1", "image_2", None),
+        _EEF_GRIP,
+        _E,
+        "eef_state_6_gripper_last",
+        {"depth": ("depth_1", "depth_2", None)},
+    ),
+    (
+        "imperialcollege_sawyer_wrist_cam",
+        ("image", None, "wrist_image"),
+        (None,) * 7 + ("state",),
+        _N,
+        "drop_last_action_dim",
+    ),
+    (
+        "iamlab_cmu_pickup_insert_converted_externally_to_rlds",
+        ("image", None, "wrist_image"),
+        ("joint_state", "gripper_state"),
+        _J,
+        "iamlab_cmu_pickup_insert",
+    ),
+    (
+        "uiuc_d3field",
+        ("image_1", "image_2", None),
+        _NO_STATE,
+        _N,
+        "uiuc_d3field",
+        {"depth": ("depth_1", "depth_2", None)},
+    ),
+    ("utaustin_mutex", ("image", None, "wrist_image"), ("state",), _J, "utaustin_mutex"),
+    (
+        "berkeley_fanuc_manipulation",
+        ("image", None, "wrist_image"),
+        ("joint_state", None, "gripper_state"),
+        _J,
+        "berkeley_fanuc",
+    ),
+    (
+        "cmu_playing_with_food",
+        ("image", None, "finger_vision_1"),
+        ("state", None, None),
+        _E,
+        "cmu_playing_with_food",
+    ),
+    ("cmu_play_fusion", ("image", None, None), ("state",), _J, "cmu_play_fusion"),
+    ("cmu_stretch", ("image", None, None), _EEF_GRIP, _E, "cmu_stretch"),
+    ("berkeley_gnm_recon", (None, None, "image"), ("state", None, None), _E, "gnm"),
+    ("berkeley_gnm_cory_hall", (None, None, "image"), ("state", None, None), _E, "gnm"),
+    ("berkeley_gnm_sac_son", (None, None, "image"), ("state", None, None), _E, "gnm"),
+    (
+        "droid",
+        ("exterior_image_1_left", "exterior_image_2_left", "wrist_image_left"),
+        ("proprio",),
+        _Q,
+        "droid",
+        {"drop_zero_action_frames": True},
+    ),
+    (
+        "fmb_dataset",
+        ("image_side_1", "image_side_2", "image_wrist_1"),
+        ("proprio",),
+        _E,
+        "fmb",
+        {"depth": ("image_side_1_depth", "image_side_2_depth", "image_wrist_1_depth")},
+    ),
+    ("dobbe", ("wrist_image", None, None), ("proprio",), _E, "state_as_proprio"),
+    (
+        "roboset",
+        ("image_left", "image_right", "image_wrist"),
+        ("proprio",),
+        _J,
+        "roboset",
+        {"action": ActionEncoding.JOINT_POS},
+    ),
+    ("rh20t", ("image_front", "image_side_right", "image_wrist"), ("proprio",), _E, "rh20t"),
+    # T-DROID (OpenVLA's Franka fine-tuning tasks, 5 Hz)
+    *(
+        (
+            name,
+            ("static_image", None, None),
+            ("EEF_state", None, "gripper_state"),
+            _E,
+            "tdroid",
+            {"depth": ("static_depth_image", None, None)},
+        )
+        for name in (
+            "tdroid_carrot_in_bowl",
+            "tdroid_pour_corn_in_pot",
+            "tdroid_flip_pot_upright",
+            "tdroid_move_object_onto_plate",
+            "tdroid_knock_object_over",
+            "tdroid_cover_object_with_towel",
+        )
+    ),
+    ("droid_wipe", ("exterior_image_2_left", None, "wrist_image_left"), ("proprio",), _E, "droid_finetuning"),
+    # LIBERO (OpenVLA's re-rendered, no-op-filtered versions)
+    *(
+        (
+            f"libero_{suite}_no_noops",
+            ("image", None, "wrist_image"),
+            ("EEF_state", "gripper_state"),
+            _E,
+            "libero",
+        )
+        for suite in ("spatial", "object", "goal", "10")
+    ),
+)
+
+
+def _register_table(table: tuple[tuple, ...]) -> None:
+    for row in table:
+        name, cams, state_keys, state_encoding, standardize_fn = row[:5]
+        extras = row[5] if len(row) > 5 else {}
+        register_dataset(
+            RLDSDatasetConfig(
+                name=name,
+                image_obs_keys=_cams(*cams),
+                depth_obs_keys=_cams(*extras.get("depth", (None, None, None))),
+                state_obs_keys=tuple(state_keys),
+                state_encoding=state_encoding,
+                action_encoding=extras.get("action", ActionEncoding.EEF_POS),
+                standardize_fn=standardize_fn,
+                drop_zero_action_frames=extras.get("drop_zero_action_frames", False),
+            )
+        )
+
+
+_register_table(_OXE_TABLE)

@@ -23,8 +23,11 @@ Each yielded frame (as NumPy via `.as_numpy_iterator()`):
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,17 @@ from prismatic.vla.datasets.rlds.statistics import (
 )
 from prismatic.vla.datasets.rlds.transforms import get_standardize_fn
 
+logger = logging.getLogger(__name__)
+
 STATE_DIM = 8  # proprio is padded to 8 dims by every state encoding
+SHUFFLE_BUFFER_RAM_ENV = (
+    "PRISMATIC_SHUFFLE_BUFFER_GB"  # overrides the default RAM budget of the shuffle buffer
+)
+DEFAULT_RAM_FRACTION = 0.5  # of physical RAM, shared by the ranks of one node (LOCAL_WORLD_SIZE)
+# What tf.data keeps per buffered frame beyond the payload bytes: ~6 tensors (handles, shapes, allocations).
+FRAME_OVERHEAD_BYTES = 1024
+TRAJECTORY_PARALLEL_CALLS = 2  # per dataset: trajectories being standardised at once
+AUTOTUNE_RAM_BUDGET_BYTES = 256 * 2**20
 _VERSION_RE = re.compile(r"\d+\.\d+\.\d+")
 _AUGMENT_SCALE = 0.9  # random resized crop keeps 90% of the area, square (OpenVLA's settings)
 
@@ -154,7 +167,11 @@ def _restructure(traj: dict[str, Any], config: RLDSDatasetConfig) -> dict[str, A
         else tf.reshape(tf.cast(obs[key], tf.float32), [num_steps, -1])
         for key in config.state_obs_keys
     ]
-    proprio = tf.ensure_shape(tf.concat(parts, axis=1), [None, STATE_DIM])
+    proprio = tf.concat(parts, axis=1)
+    # OpenVLA's state layouts are 8-dim by construction; a few raw layouts give fewer or more entries (proprio
+    # is not an input of OpenVLA's policy), so pad with zeros / keep the first 8 rather than fail mid-training.
+    proprio = tf.pad(proprio, [[0, 0], [0, tf.maximum(0, STATE_DIM - tf.shape(proprio)[1])]])
+    proprio = tf.ensure_shape(proprio[:, :STATE_DIM], [None, STATE_DIM])
 
     language = traj[config.language_key]
     if language.dtype != tf.string:
@@ -197,8 +214,10 @@ def _read_trajectories(
     else:
         read_epoch = tf.autograph.experimental.do_not_convert(lambda epoch: read(repeat_seed + epoch))
         ds = tf.data.Dataset.counter().flat_map(read_epoch)
-    ds = ds.map(_episode_to_trajectory, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.map(lambda traj: _restructure(traj, config), num_parallel_calls=tf.data.AUTOTUNE)
+    # Whole trajectories (every camera of every step) are large: a fixed, small number are in flight per dataset,
+    # so host memory does not grow with the mixture's size; the heavy per-frame work is parallelised later.
+    ds = ds.map(_episode_to_trajectory, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS)
+    return ds.map(lambda traj: _restructure(traj, config), num_parallel_calls=TRAJECTORY_PARALLEL_CALLS)
 
 
 def _split_name(builder: Any, train: bool) -> str:
@@ -237,6 +256,159 @@ def _normalize(traj: dict[str, Any], statistics: dict[str, Any], config: RLDSDat
         traj["action"], statistics["action"], norm, config.action_normalization_mask
     )
     traj["observation"]["proprio"] = normalize_tf(traj["observation"]["proprio"], statistics["proprio"], norm)
+    return traj
+
+
+def mixture_statistics(
+    data_root_dir: Path, data_mix: str, *, skip_missing_datasets: bool = False, num_workers: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """{dataset_name: statistics with `action.mask`} of every dataset of `data_mix`, in the layout of a run's
+    `dataset_statistics.json`: read from each dataset's cache, or computed (and cached) over its train split.
+
+    Datasets are processed in `num_workers` threads (default: one per CPU core, at most one per dataset);
+    TensorFlow releases the GIL, and each dataset's read already decodes in parallel inside tf.data.
+    """
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
+
+    def one(member: tuple[RLDSDatasetConfig, float, Path]) -> tuple[str, dict[str, Any]]:
+        config, _, dataset_dir = member
+        builder = tfds.builder_from_directory(str(dataset_dir))
+        return config.name, with_action_mask(_dataset_statistics(builder, dataset_dir, config), config)
+
+    workers = max(1, min(len(members), num_workers or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(one, members))
+
+
+# === Mixture membership and the shuffle buffer's memory ===
+
+
+def resolve_mixture_dirs(
+    data_root_dir: Path, data_mix: str, *, skip_missing_datasets: bool = False
+) -> list[tuple[RLDSDatasetConfig, float, Path]]:
+    """(config, weight, dataset folder) for every dataset of `data_mix` present under `data_root_dir`.
+
+    Raises:
+        ConfigError: the mixture is unknown, `data_root_dir` is missing, or datasets of the mixture are missing
+            (all of them are named) and `skip_missing_datasets` is False; or none is present at all.
+    """
+    mixture = get_mixture(data_mix)
+    root = Path(data_root_dir)
+    if not root.is_dir():
+        find_dataset_dir(root, mixture[0][0])  # raises the "data_root_dir does not exist" error
+    found, missing = [], []
+    for name, weight in mixture:
+        try:
+            found.append((get_dataset_config(name), weight, find_dataset_dir(root, name)))
+        except ConfigError:
+            missing.append(name)
+    if missing and (not skip_missing_datasets or not found):
+        present = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        raise ConfigError(
+            f"Mixture '{data_mix}': {', '.join(repr(m) for m in missing)} not found under data_root_dir '{root}' "
+            f"(each is read from '<data_root_dir>/<name>/<version>/dataset_info.json'). Datasets present: "
+            f"{', '.join(present) or 'none'}. "
+            + (
+                "None of its datasets is present."
+                if not found
+                else "Download / convert them, or pass skip_missing_datasets=True to train on the rest."
+            )
+        )
+    for name in missing:
+        logger.warning("Mixture '%s': dataset '%s' is missing under '%s'; skipping it.", data_mix, name, root)
+    return found
+
+
+def default_shuffle_buffer_ram_gb() -> float:
+    """RAM budget (GiB) of one rank's shuffle buffer: `$PRISMATIC_SHUFFLE_BUFFER_GB` if set, else half the
+    machine's physical RAM divided among the node's ranks (`$LOCAL_WORLD_SIZE`, set by torchrun)."""
+    value = os.environ.get(SHUFFLE_BUFFER_RAM_ENV)
+    if value:
+        try:
+            budget = float(value)
+        except ValueError:
+            raise ConfigError(f"${SHUFFLE_BUFFER_RAM_ENV} must be a number of GiB, got '{value}'.") from None
+        if budget <= 0:
+            raise ConfigError(f"${SHUFFLE_BUFFER_RAM_ENV} must be > 0, got {budget}.")
+        return budget
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return DEFAULT_RAM_FRACTION * physical / local_ranks / 2**30
+
+
+def estimate_frame_bytes(
+    builder: Any, split: str, config: RLDSDatasetConfig, num_trajectories: int = 2
+) -> float:
+    """Mean bytes one frame occupies in the shuffle buffer, measured on the first trajectories of `split`.
+
+    Buffered frames hold the *encoded* primary image, the instruction, the dataset name, action and proprio
+    (everything else was dropped by `_restructure`), plus `FRAME_OVERHEAD_BYTES` of tf.data bookkeeping.
+    """
+    total, count = 0, 0
+    for traj in _read_trajectories(builder, split, config).take(num_trajectories).as_numpy_iterator():
+        num_steps = len(traj["action"])
+        total += sum(len(b) for b in traj["observation"]["image_primary"])
+        total += sum(len(b) for b in traj["task"]["language_instruction"]) + num_steps * len(config.name)
+        total += traj["action"].nbytes + traj["observation"]["proprio"].nbytes
+        count += num_steps
+    return total / max(count, 1) + FRAME_OVERHEAD_BYTES
+
+
+def check_shuffle_buffer_fits(
+    shuffle_buffer_size: int, frame_bytes: float, budget_gb: float, *, budget_source: str
+) -> None:
+    """Refuse a shuffle buffer whose estimated size exceeds `budget_gb` GiB.
+
+    Raises:
+        ConfigError: naming the estimate, the budget (and where it came from) and the largest size that fits.
+    """
+    need_gb = shuffle_buffer_size * frame_bytes / 2**30
+    if need_gb > budget_gb:
+        largest = int(budget_gb * 2**30 // frame_bytes)
+        raise ConfigError(
+            f"shuffle_buffer_size={shuffle_buffer_size} would hold about {need_gb:.2f} GiB of frames "
+            f"(~{frame_bytes / 1024:.1f} KiB each, images still encoded), more than the shuffle buffer's RAM budget "
+            f"of {budget_gb:.2f} GiB ({budget_source}). The largest shuffle_buffer_size that fits is {largest}; "
+            f"lower it, or raise the budget with shuffle_buffer_ram_gb=... or ${SHUFFLE_BUFFER_RAM_ENV}."
+        )
+
+
+def _drop_zero_action_frames(traj: dict[str, Any]) -> dict[str, Any]:
+    """Keep the steps whose (first) arm action is not all zero; runs on raw actions, after chunking."""
+    tf = import_tensorflow()
+    action = traj["action"]
+    first = action[:, 0, :-1] if action.shape.rank == 3 else action[:, :-1]
+    keep = tf.reduce_any(tf.not_equal(first, 0.0), axis=1)
+    return tf.nest.map_structure(lambda x: tf.boolean_mask(x, keep), traj)
+
+
+def _chunk(
+    traj: dict[str, Any], window_size: int, future_action_window_size: int, config: RLDSDatasetConfig
+) -> dict:
+    """Per step t: the observation history [t - window_size + 1, t] and the actions [t, t + future], with pad masks.
+
+    Runs on raw (un-normalised) actions, before normalisation. History before the episode start repeats the
+    first observation (`observation.pad_mask` False there); actions past the episode's end repeat the last one for
+    absolute dimensions (the gripper stays where it was) and are 0 = "no movement" for relative (delta)
+    dimensions (`action_pad_mask` False there), as OpenVLA's / Octo's chunking does.
+    """
+    tf = import_tensorflow()
+    num_steps = tf.shape(traj["action"])[0]
+    t = tf.range(num_steps)[:, None]
+    history = t + tf.range(-window_size + 1, 1)[None, :]  # [T, W]
+    traj["observation"] = tf.nest.map_structure(
+        lambda x: tf.gather(x, tf.maximum(history, 0)), traj["observation"]
+    )
+    traj["observation"]["pad_mask"] = history >= 0
+    future = t + tf.range(future_action_window_size + 1)[None, :]  # [T, F + 1]
+    real = future < num_steps
+    actions = tf.gather(traj["action"], tf.minimum(future, num_steps - 1))  # [T, F + 1, A]
+    absolute = tf.constant(config.absolute_action_mask)[None, None, :]
+    traj["action"] = tf.where(tf.logical_or(real[..., None], absolute), actions, tf.zeros_like(actions))
+    traj["action_pad_mask"] = real
     return traj
 
 
@@ -310,6 +482,10 @@ def make_interleaved_dataset(
     rank: int = 0,
     world_size: int = 1,
     start_sample: int = 0,
+    skip_missing_datasets: bool = False,
+    shuffle_buffer_ram_gb: float | None = None,
+    window_size: int = 1,
+    future_action_window_size: int = 0,
 ) -> RLDSPipeline:
     """Build the frame stream of mixture `data_mix` for one rank (see module docstring).
 
@@ -324,10 +500,19 @@ def make_interleaved_dataset(
         seed, rank, world_size: the stream is a deterministic function of these; ranks read disjoint
             trajectories.
         start_sample: skip this many frames of this rank's stream (resume).
+        skip_missing_datasets: drop (with a warning) mixture datasets missing under `data_root_dir` instead of
+            raising; weights are re-balanced over the rest.
+        shuffle_buffer_ram_gb: RAM budget (GiB) of the shuffle buffer (train); None = `$PRISMATIC_SHUFFLE_BUFFER_GB`
+            or half the physical RAM shared by the node's ranks (`default_shuffle_buffer_ram_gb`).
+        window_size, future_action_window_size: observation history length and number of future actions per
+            frame (action chunking; see `_chunk`). The defaults (1, 0) give OpenVLA's single-step frames in the
+            format of the module docstring; otherwise `image_primary` is [W, H, W, 3], `proprio` [W, 8],
+            `observation.pad_mask` bool[W], `action` [F + 1, A] and `action_pad_mask` bool[F + 1] (the torch-side
+            `RLDSBatchTransform` consumes single-step frames only).
 
     Raises:
-        ConfigError: unknown mixture, missing data folder or dataset, a dataset with fewer trajectories than
-            `world_size`, or an invalid argument.
+        ConfigError: unknown mixture, missing data folder or dataset(s), a dataset with fewer trajectories than
+            `world_size`, a shuffle buffer estimated not to fit its RAM budget, or an invalid argument.
     """
     tf = import_tensorflow()
     import tensorflow_datasets as tfds
@@ -338,18 +523,23 @@ def make_interleaved_dataset(
         raise ConfigError(f"start_sample must be >= 0, got {start_sample}.")
     if train and shuffle_buffer_size < 1:
         raise ConfigError(f"shuffle_buffer_size must be >= 1, got {shuffle_buffer_size}.")
+    if window_size < 1 or future_action_window_size < 0:
+        raise ConfigError(
+            f"Need window_size >= 1 and future_action_window_size >= 0, got {window_size}, "
+            f"{future_action_window_size}."
+        )
+    windowed = window_size > 1 or future_action_window_size > 0
     if len(resize_resolution) != 2 or min(resize_resolution) < 1:
         raise ConfigError(f"resize_resolution must be (height, width), got {resize_resolution}.")
     resize_resolution = (int(resize_resolution[0]), int(resize_resolution[1]))
 
-    mixture = get_mixture(data_mix)
-    configs = [get_dataset_config(name) for name, _ in mixture]
+    members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
+    configs = [config for config, _, _ in members]
     if len({c.action_dim for c in configs}) != 1:
         raise ConfigError(f"Datasets of mixture '{data_mix}' have different action dimensions.")
 
-    datasets, statistics = [], {}
-    for index, config in enumerate(configs):
-        dataset_dir = find_dataset_dir(data_root_dir, config.name)
+    datasets, statistics, frame_bytes = [], {}, []
+    for index, (config, _, dataset_dir) in enumerate(members):
         builder = tfds.builder_from_directory(str(dataset_dir))
         stats = _dataset_statistics(builder, dataset_dir, config)
         statistics[config.name] = with_action_mask(stats, config)
@@ -361,6 +551,8 @@ def make_interleaved_dataset(
                 f"Dataset '{config.name}' has {num_trajectories} trajectories in split '{split}', fewer than "
                 f"world_size={world_size}: some ranks would get no data. Use fewer ranks or more data."
             )
+        if train:
+            frame_bytes.append(window_size * estimate_frame_bytes(builder, split, config))
         rank_split = tfds.even_splits(split, n=world_size)[rank]
         trajectories = _read_trajectories(
             builder,
@@ -369,14 +561,41 @@ def make_interleaved_dataset(
             repeat_seed=_seed(seed, rank, _PURPOSE_FILES, index) if train else None,
         )
 
+        if windowed:
+            chunk = functools.partial(
+                _chunk,
+                window_size=window_size,
+                future_action_window_size=future_action_window_size,
+                config=config,
+            )
+            trajectories = trajectories.map(chunk, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS)
+        if config.drop_zero_action_frames and train:
+            trajectories = trajectories.map(
+                _drop_zero_action_frames, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS
+            )
         normalize = functools.partial(_normalize, statistics=stats, config=config)
-        frames = trajectories.map(normalize, num_parallel_calls=tf.data.AUTOTUNE).flat_map(
+        frames = trajectories.map(normalize, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS).flat_map(
             tf.data.Dataset.from_tensor_slices
         )
         datasets.append(frames)
 
     sizes = [statistics[c.name]["num_transitions"] for c in configs]
-    weights = balance_sample_weights([w for _, w in mixture], sizes)
+    weights = balance_sample_weights([w for _, w, _ in members], sizes)
+    if train:
+        budget_source = "shuffle_buffer_ram_gb argument"
+        if shuffle_buffer_ram_gb is None:
+            shuffle_buffer_ram_gb = default_shuffle_buffer_ram_gb()
+            budget_source = (
+                f"${SHUFFLE_BUFFER_RAM_ENV}"
+                if os.environ.get(SHUFFLE_BUFFER_RAM_ENV)
+                else f"default: {DEFAULT_RAM_FRACTION:.0%} of physical RAM / local ranks"
+            )
+        check_shuffle_buffer_fits(
+            shuffle_buffer_size,
+            float(np.dot(weights, frame_bytes)),
+            shuffle_buffer_ram_gb,
+            budget_source=budget_source,
+        )
     if len(datasets) == 1:
         dataset = datasets[0]
     else:
@@ -397,16 +616,27 @@ def make_interleaved_dataset(
     augment = train and image_aug
     augment_seed = _seed(seed, rank, _PURPOSE_AUGMENT)
 
-    def decode(position: Any, frame: dict[str, Any]) -> dict[str, Any]:
-        image = _decode_and_resize(frame["observation"]["image_primary"], resize_resolution)
-        if augment:
+    def decode_one(image_bytes: Any, position: Any) -> Any:
+        image = _decode_and_resize(image_bytes, resize_resolution)
+        if augment:  # one draw per frame position: every image of a history window gets the same augmentation
             image = _augment(image, tf.stack([tf.constant(augment_seed, tf.int64), position]))
-        frame["observation"]["image_primary"] = image
+        return image
+
+    def decode(position: Any, frame: dict[str, Any]) -> dict[str, Any]:
+        images = frame["observation"]["image_primary"]
+        if windowed:
+            frame["observation"]["image_primary"] = tf.map_fn(
+                lambda b: decode_one(b, position), images, fn_output_signature=tf.uint8
+            )
+        else:
+            frame["observation"]["image_primary"] = decode_one(images, position)
         return frame
 
     dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = True
+    # Caps what tf.data's autotuner may spend on prefetch buffers (decoded frames are ~150 KB each at 224px).
+    options.autotune.ram_budget = AUTOTUNE_RAM_BUDGET_BYTES
     dataset = dataset.with_options(options)
 
     return RLDSPipeline(

@@ -61,7 +61,109 @@ def balance_sample_weights(weights: Sequence[float], num_transitions: Sequence[i
 register_mixture("toy", [("toy_pick_place", 1.0), ("toy_push", 1.0)])
 register_mixture("toy_pick_place", [("toy_pick_place", 1.0)])
 
-# === Bridge V2 / RT-1 (OpenVLA) ===
+# === OpenVLA's named mixtures (`oxe/mixtures.py`) ===
+# Where OpenVLA lists a dataset twice (rtx_franka) its loader keeps the first entry, and it skips datasets whose
+# actions are not EEF deltas (berkeley_rpt): both are resolved here, so each list is what OpenVLA trains on.
 register_mixture("bridge", [("bridge_orig", 1.0)])
 register_mixture("rt_1", [("fractal20220817_data", 1.0)])
 register_mixture("bridge_rt_1", [("bridge_orig", 1.0), ("fractal20220817_data", 1.0)])
+
+_RTX: list[tuple[str, float]] = [
+    ("fractal20220817_data", 0.54087122203),
+    ("kuka", 0.8341046294),
+    ("bridge_orig", 1.0),
+    ("taco_play", 2.0),
+    ("jaco_play", 2.0),
+    ("berkeley_cable_routing", 3.0),
+    ("roboturk", 1.0),
+    ("viola", 2.0),
+    ("berkeley_autolab_ur5", 1.0),
+    ("toto", 1.0),
+]
+register_mixture("rtx", _RTX)
+register_mixture(
+    "rtx_franka",
+    [
+        *_RTX,
+        ("stanford_hydra_dataset_converted_externally_to_rlds", 1.0),
+        ("austin_buds_dataset_converted_externally_to_rlds", 3.0),
+        ("nyu_franka_play_dataset_converted_externally_to_rlds", 3.0),
+        ("maniskill_dataset_converted_externally_to_rlds", 0.1),
+        ("furniture_bench_dataset_converted_externally_to_rlds", 0.1),
+        ("cmu_franka_exploration_dataset_converted_externally_to_rlds", 5.0),
+        ("austin_sailor_dataset_converted_externally_to_rlds", 1.0),
+        ("austin_sirius_dataset_converted_externally_to_rlds", 1.0),
+        ("kaist_nonprehensile_converted_externally_to_rlds", 3.0),
+        ("stanford_robocook_converted_externally_to_rlds", 1.0),
+        ("iamlab_cmu_pickup_insert_converted_externally_to_rlds", 1.0),
+        ("utaustin_mutex", 1.0),
+        ("cmu_play_fusion", 1.0),
+    ],
+)
+
+_MAGIC_SOUP_CORE: list[tuple[str, float]] = [
+    ("kuka", 0.8341046294),
+    ("bridge_orig", 1.0),
+    ("taco_play", 2.0),
+    ("jaco_play", 1.0),
+    ("berkeley_cable_routing", 1.0),
+    ("roboturk", 2.0),
+    ("viola", 2.0),
+    ("berkeley_autolab_ur5", 2.0),
+    ("toto", 1.0),
+]
+_MAGIC_SOUP_FRANKA: list[tuple[str, float]] = [
+    ("stanford_hydra_dataset_converted_externally_to_rlds", 2.0),
+    ("austin_buds_dataset_converted_externally_to_rlds", 1.0),
+    ("nyu_franka_play_dataset_converted_externally_to_rlds", 3.0),
+    ("furniture_bench_dataset_converted_externally_to_rlds", 0.1),
+    ("ucsd_kitchen_dataset_converted_externally_to_rlds", 2.0),
+    ("austin_sailor_dataset_converted_externally_to_rlds", 1.0),
+    ("austin_sirius_dataset_converted_externally_to_rlds", 1.0),
+    ("dlr_edan_shared_control_converted_externally_to_rlds", 1.0),
+    ("iamlab_cmu_pickup_insert_converted_externally_to_rlds", 1.0),
+    ("utaustin_mutex", 1.0),
+    ("berkeley_fanuc_manipulation", 2.0),
+    ("cmu_stretch", 1.0),
+]
+_LANGUAGE_TABLE = [("language_table", 0.1)]
+_MAGIC_SOUP_PLUS_NEW = [("bc_z", 0.2), ("fmb_dataset", 1.0), ("dobbe", 0.2)]  # bc_z: OpenVLA used v0.1.0
+register_mixture(
+    "oxe_magic_soup",
+    [("fractal20220817_data", 0.54087122203), *_MAGIC_SOUP_CORE, *_LANGUAGE_TABLE, *_MAGIC_SOUP_FRANKA],
+)
+register_mixture(
+    "oxe_magic_soup_plus",
+    [
+        ("fractal20220817_data", 0.54087122203),
+        *_MAGIC_SOUP_CORE,
+        *_LANGUAGE_TABLE,
+        *_MAGIC_SOUP_FRANKA,
+        *_MAGIC_SOUP_PLUS_NEW,
+        ("droid", 0.06),
+    ],
+)
+register_mixture(  # no language_table, no droid, RT-1 at full weight
+    "oxe_magic_soup_plus_minus",
+    [("fractal20220817_data", 1.0), *_MAGIC_SOUP_CORE, *_MAGIC_SOUP_FRANKA, *_MAGIC_SOUP_PLUS_NEW],
+)
+
+# === Single-dataset fine-tuning mixtures (T-DROID, DROID wipe, LIBERO) ===
+for _name in (
+    "tdroid_carrot_in_bowl",
+    "tdroid_pour_corn_in_pot",
+    "tdroid_flip_pot_upright",
+    "tdroid_move_object_onto_plate",
+    "tdroid_knock_object_over",
+    "tdroid_cover_object_with_towel",
+    "droid_wipe",
+    "libero_spatial_no_noops",
+    "libero_object_no_noops",
+    "libero_goal_no_noops",
+    "libero_10_no_noops",
+):
+    register_mixture(_name, [(_name, 1.0)])
+register_mixture(
+    "libero_mix",
+    [(f"libero_{suite}_no_noops", 1.0) for suite in ("spatial", "object", "goal", "10")],
+)

@@ -3,6 +3,10 @@
 BOUNDS_Q99 (OpenVLA's default): `clip(2 * (x - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)`; BOUNDS uses min/max
 instead of the quantiles; NORMAL: `(x - mean) / (std + 1e-8)`. Only dimensions where the mask is True change;
 masked-off dimensions (the 0/1 gripper) pass through, so the action tokenizer sees them as they are.
+
+Unused dimensions (min == max over the train split, e.g. the zero rotation padded onto translation-only
+datasets) map to 0 under the two bounds types, as in OpenVLA. Unlike OpenVLA this applies only to normalised
+dimensions: a dataset whose gripper never moves keeps its 1 = open instead of becoming 0 (= closed).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ def _bounds(
     return np.asarray(stats[low_key], np.float32), np.asarray(stats[high_key], np.float32)
 
 
+def _unused(stats: Mapping[str, Sequence[float]]) -> np.ndarray:
+    """Dimensions that never vary in the train split (min == max)."""
+    return np.asarray(stats["min"], np.float32) == np.asarray(stats["max"], np.float32)
+
+
 def normalize_np(
     x: np.ndarray,
     stats: Mapping[str, Sequence[float]],
@@ -40,6 +49,7 @@ def normalize_np(
     else:
         low, high = _bounds(stats, norm_type)
         out = np.clip(2 * (x - low) / (high - low + EPS) - 1, -1, 1)
+        out = np.where(_unused(stats), 0.0, out)
     return np.where(mask_arr, out, x).astype(np.float32)
 
 
@@ -79,4 +89,5 @@ def normalize_tf(
     else:
         low, high = (tf.constant(v) for v in _bounds(stats, norm_type))
         out = tf.clip_by_value(2 * (x - low) / (high - low + EPS) - 1, -1, 1)
+        out = tf.where(tf.constant(_unused(stats)), tf.zeros_like(out), out)
     return tf.where(mask_t, out, x)
