@@ -256,4 +256,4 @@ class RLDSDataset(IterableDataset):
         return self.num_transitions
 
     def __getitem__(self, index: int) -> Any:
-        raise NotImplementedError("RLDSDataset is an IterableDataset; iterate over it instead of indexing.")
+        raise TypeError("RLDSDataset is an IterableDataset; iterate over it instead of indexing.")
