@@ -29,7 +29,7 @@ BRIDGE_LIKE_STEPS = 38  # Bridge V2's mean episode length
 def build_bridge_like(root: Path, num_frames: int, seed: int = 0) -> Path:
     """A synthetic dataset in Bridge V2's raw layout (`bridge_orig`): 256x256 JPEG `image_0`, state[7], action[7],
     instruction; textured images so the JPEGs are Bridge-sized (~15-20 KB). Skipped when already built."""
-    from prismatic.vla.datasets.rlds.writer import write_rlds_dataset
+    from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags, write_rlds_dataset
 
     num_episodes = max(2, num_frames // BRIDGE_LIKE_STEPS)
     rng = np.random.default_rng(seed)
@@ -53,11 +53,7 @@ def build_bridge_like(root: Path, num_frames: int, seed: int = 0) -> Path:
                     "observation": {"image_0": np.clip(image, 0, 255).astype(np.uint8), "state": state[t]},
                     "action": actions[t],
                     "language_instruction": f"put the {['spoon', 'cup', 'carrot', 'towel'][index % 4]} in the pot",
-                    "is_first": t == 0,
-                    "is_last": t == BRIDGE_LIKE_STEPS - 1,
-                    "is_terminal": t == BRIDGE_LIKE_STEPS - 1,
-                    "reward": np.float32(0),
-                    "discount": np.float32(1),
+                    **rlds_step_flags(t, BRIDGE_LIKE_STEPS),
                 }
             )
         return {"steps": steps, "episode_metadata": {"file_path": f"bench://{index}"}}
@@ -73,11 +69,7 @@ def build_bridge_like(root: Path, num_frames: int, seed: int = 0) -> Path:
             ),
             "action": f.Tensor(shape=(7,), dtype=np.float32),
             "language_instruction": f.Text(),
-            "is_first": f.Scalar(dtype=np.bool_),
-            "is_last": f.Scalar(dtype=np.bool_),
-            "is_terminal": f.Scalar(dtype=np.bool_),
-            "reward": f.Scalar(dtype=np.float32),
-            "discount": f.Scalar(dtype=np.float32),
+            **rlds_step_features(f),
         }
         return f.FeaturesDict(
             {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}

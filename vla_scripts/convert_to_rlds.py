@@ -68,23 +68,20 @@ def load_episode(path: Path) -> dict[str, Any]:
 
 
 def _to_rlds(episode: dict[str, Any], path: Path) -> dict[str, Any]:
+    from prismatic.vla.datasets.rlds.writer import rlds_step_flags
+
     num_steps = len(episode["action"])
     steps = []
     for t in range(num_steps):
         observation = {key: images[t] for key, images in episode["images"].items()}
         if episode["state"] is not None:
             observation["state"] = episode["state"][t]
-        last = t == num_steps - 1
         steps.append(
             {
                 "observation": observation,
                 "action": episode["action"][t],
                 "language_instruction": episode["instruction"],
-                "is_first": t == 0,
-                "is_last": last,
-                "is_terminal": last,
-                "reward": np.float32(last),
-                "discount": np.float32(1.0),
+                **rlds_step_flags(t, num_steps),
             }
         )
     return {"steps": steps, "episode_metadata": {"file_path": str(path)}}
@@ -126,11 +123,7 @@ def convert(
             "observation": f.FeaturesDict(observation),
             "action": f.Tensor(shape=first["action"].shape[1:], dtype=np.float32),
             "language_instruction": f.Text(),
-            "is_first": f.Scalar(dtype=np.bool_),
-            "is_last": f.Scalar(dtype=np.bool_),
-            "is_terminal": f.Scalar(dtype=np.bool_),
-            "reward": f.Scalar(dtype=np.float32),
-            "discount": f.Scalar(dtype=np.float32),
+            **rlds_step_features(f),
         }
         return f.FeaturesDict(
             {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
@@ -140,7 +133,7 @@ def convert(
         for path in splits_paths[split]:
             yield _to_rlds(load_episode(path), path)
 
-    from prismatic.vla.datasets.rlds.writer import write_rlds_dataset
+    from prismatic.vla.datasets.rlds.writer import rlds_step_features, write_rlds_dataset
 
     return write_rlds_dataset(
         data_root_dir,

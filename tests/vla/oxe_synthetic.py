@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags
+
 NUM_STEPS = 6
 IMAGE_SIZE = 16
 P = np.array([-1.0, 0.0, 1.0, 0.5, -0.5, 1.0], np.float32)  # the arm pattern over time
@@ -52,25 +54,8 @@ class SyntheticSpec:
     primary_keys: tuple[str, ...]  # raw key(s) the primary image may come from
 
 
-def _rlds_step_features(f: Any) -> dict[str, Any]:
-    return {
-        "is_first": f.Scalar(dtype=np.bool_),
-        "is_last": f.Scalar(dtype=np.bool_),
-        "is_terminal": f.Scalar(dtype=np.bool_),
-        "reward": f.Scalar(dtype=np.float32),
-        "discount": f.Scalar(dtype=np.float32),
-    }
-
-
 def _rlds_step(t: int) -> dict[str, Any]:
-    last = t == NUM_STEPS - 1
-    return {
-        "is_first": t == 0,
-        "is_last": last,
-        "is_terminal": last,
-        "reward": np.float32(last),
-        "discount": np.float32(1.0),
-    }
+    return rlds_step_flags(t, NUM_STEPS)
 
 
 def _img(f: Any) -> Any:
@@ -89,7 +74,7 @@ def _features(f: Any, observation: dict, action: Any, extra: dict | None = None,
     step = {
         "observation": f.FeaturesDict(observation),
         "action": action,
-        **_rlds_step_features(f),
+        **rlds_step_features(f),
         **(extra or {}),
     }
     return f.FeaturesDict(

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from prismatic.util.tf import import_tensorflow
+from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags
 
 TOY_VERSION = "1.0.0"
 IMAGE_SIZE = 64
@@ -127,14 +128,7 @@ def generate_toy_episode(name: str, split: str, index: int, seed: int = 0) -> di
     images = [_render(color, i, num_steps, row=8 + 12 * task_index) for i in range(num_steps)]
 
     def rlds_fields(i: int) -> dict[str, Any]:
-        last = i == num_steps - 1
-        return {
-            "is_first": i == 0,
-            "is_last": last,
-            "is_terminal": last,
-            "reward": np.float32(1.0 if last else 0.0),
-            "discount": np.float32(1.0),
-        }
+        return rlds_step_flags(i, num_steps)
 
     file_path = f"toy://{name}/{split}/{index:04d}"
     if name == "toy_pick_place":
@@ -175,13 +169,7 @@ def _features(tfds: Any, name: str) -> Any:
     """The tfds feature spec of toy dataset `name`."""
     f = tfds.features
     image = f.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8, encoding_format="jpeg")
-    rlds_fields = {
-        "is_first": f.Scalar(dtype=np.bool_),
-        "is_last": f.Scalar(dtype=np.bool_),
-        "is_terminal": f.Scalar(dtype=np.bool_),
-        "reward": f.Scalar(dtype=np.float32),
-        "discount": f.Scalar(dtype=np.float32),
-    }
+    rlds_fields = rlds_step_features(f)
     if name == "toy_pick_place":
         step = {
             "observation": f.FeaturesDict({"image": image, "state": f.Tensor(shape=(8,), dtype=np.float32)}),

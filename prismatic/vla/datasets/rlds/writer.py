@@ -13,9 +13,34 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from prismatic.util.tf import import_tensorflow
 
 Episode = dict[str, Any]  # {"steps": [step dict, ...], "episode_metadata": {...}} (plus any episode fields)
+
+
+def rlds_step_features(f: Any) -> dict[str, Any]:
+    """The RLDS bookkeeping fields of a step's feature spec (`f` is `tfds.features`)."""
+    return {
+        "is_first": f.Scalar(dtype=np.bool_),
+        "is_last": f.Scalar(dtype=np.bool_),
+        "is_terminal": f.Scalar(dtype=np.bool_),
+        "reward": f.Scalar(dtype=np.float32),
+        "discount": f.Scalar(dtype=np.float32),
+    }
+
+
+def rlds_step_flags(t: int, num_steps: int) -> dict[str, Any]:
+    """Values of those fields for step `t` of an episode that succeeds at its last step (reward 1 there)."""
+    last = t == num_steps - 1
+    return {
+        "is_first": t == 0,
+        "is_last": last,
+        "is_terminal": last,
+        "reward": np.float32(last),
+        "discount": np.float32(1.0),
+    }
 
 
 def write_rlds_dataset(
