@@ -145,6 +145,13 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         world_size=dist_info.world_size,
         start_sample=samples_per_rank,
     )
+    logger.info(
+        "Data: mixture '%s', %d train transitions, shuffle buffer %d frames (~%.2f GiB per rank, images encoded)",
+        cfg.vla.data_mix,
+        len(dataset),
+        cfg.vla.shuffle_buffer_size,
+        dataset.shuffle_buffer_gb,
+    )
     max_length = min(
         tokenizer.model_max_length, vlm.llm_backbone.llm.config.max_position_embeddings - vlm.num_patches
     )

@@ -148,3 +148,18 @@ def test_file_order_is_reshuffled_per_epoch_and_replayable(toy_data_root: Path) 
     assert len(set(epochs[0])) == 24 and all(sorted(e) == sorted(epochs[0]) for e in epochs)
     assert epochs[0] != epochs[1] or epochs[1] != epochs[2]  # a new file order per epoch
     assert first_actions(72) == three_epochs  # iterating the same dataset again replays the stream
+
+
+def test_rlds_dataset_yields_exactly_the_pipelines_frames(toy_data_root: Path) -> None:
+    # RLDSDataset fetches frames from tf.data in groups; the val pass from frame 5 on (139 frames, not a multiple
+    # of the group size) must still come out frame for frame, in order, with nothing dropped at the end.
+    kwargs = {"train": False, "start_sample": 5, **PIPELINE}
+    expected = list(make_interleaved_dataset(toy_data_root, "toy", **kwargs).dataset.as_numpy_iterator())
+    got = list(RLDSDataset(toy_data_root, "toy", lambda frame: frame, **kwargs))
+    assert len(got) == len(expected) == 144 - 5
+    for mine, theirs in zip(got, expected, strict=True):
+        assert frame_key(mine) == frame_key(theirs)
+        np.testing.assert_array_equal(
+            mine["observation"]["image_primary"], theirs["observation"]["image_primary"]
+        )
+        np.testing.assert_array_equal(mine["observation"]["proprio"], theirs["observation"]["proprio"])

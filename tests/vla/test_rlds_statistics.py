@@ -15,7 +15,11 @@ from prismatic.vla.datasets.rlds import statistics as statistics_module
 from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS, NormalizationType
 from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
 from prismatic.vla.datasets.rlds.normalization import normalize_np, normalize_tf, unnormalize_np
-from prismatic.vla.datasets.rlds.statistics import load_or_compute_statistics, save_dataset_statistics
+from prismatic.vla.datasets.rlds.statistics import (
+    RunningStatistics,
+    load_or_compute_statistics,
+    save_dataset_statistics,
+)
 from prismatic.vla.datasets.rlds.toy import toy_dataset_dir
 
 PIPELINE = {"resize_resolution": (32, 32), "shuffle_buffer_size": 16}
@@ -153,3 +157,28 @@ def test_save_dataset_statistics_layout(toy_data_root: Path, tmp_path: Path) -> 
         assert set(stats["proprio"]) == {"mean", "std", "max", "min", "q01", "q99"}
         assert all(isinstance(v, float) for v in stats["action"]["q99"]) and len(stats["action"]["q99"]) == 7
         assert len(stats["proprio"]["q01"]) == 8 and isinstance(stats["num_transitions"], int)
+
+
+def test_running_statistics_match_numpy_over_uneven_chunks() -> None:
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(3.0, 2.0, size=(n, 5)).astype(np.float32) for n in (1, 37, 0, 250, 12, 700)]
+    running = RunningStatistics()
+    for chunk in chunks:
+        running.update(chunk)
+    x = np.concatenate(chunks).astype(np.float64)
+    summary = running.summary()
+    assert running.count == 1000
+    expected = {
+        "mean": x.mean(0),
+        "std": x.std(0),
+        "max": x.max(0),
+        "min": x.min(0),
+        "q01": np.quantile(x, 0.01, axis=0),
+        "q99": np.quantile(x, 0.99, axis=0),
+    }
+    for stat, value in expected.items():
+        np.testing.assert_allclose(summary[stat], value, rtol=1e-9, atol=1e-9, err_msg=stat)
+    with pytest.raises(ValueError, match="Dimension changed"):
+        running.update(np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match=r"\[T, D\]"):
+        running.update(np.zeros(5, np.float32))

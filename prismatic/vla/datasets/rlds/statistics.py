@@ -23,7 +23,7 @@ import numpy as np
 from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig
 
 # Bump when the statistics computation changes, so old caches are not reused.
-STATS_FORMAT = 1
+STATS_FORMAT = 2  # 2: mean / std accumulated in float64
 FALLBACK_CACHE_DIR = Path("~/.cache/prismatic")
 STAT_KEYS = ("mean", "std", "max", "min", "q01", "q99")
 
@@ -43,36 +43,85 @@ def statistics_hash(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+class RunningStatistics:
+    """Statistics of a stream of [T, D] arrays, fed one trajectory at a time.
+
+    Mean / std (float64, Chan et al.'s pairwise update), min and max are streaming. The 1% / 99% quantiles are
+    exact (`np.quantile`'s linear interpolation), so they keep every value: 4 bytes per value as float32
+    chunks, quantiled one dimension at a time in float64. Peak memory is about the values plus one dimension's
+    column (DROID's 27M steps x 15 action + proprio dims: ~1.7 GB); images are never part of it.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._mean: np.ndarray | None = None
+        self._m2: np.ndarray | None = None
+        self._min: np.ndarray | None = None
+        self._max: np.ndarray | None = None
+        self._chunks: list[np.ndarray] = []
+
+    def update(self, values: np.ndarray) -> None:
+        x = np.asarray(values, np.float32)
+        if x.ndim != 2:
+            raise ValueError(f"RunningStatistics.update expects a [T, D] array, got shape {x.shape}.")
+        if x.shape[0] == 0:  # an empty trajectory adds nothing
+            return
+        batch_mean = x.mean(0, dtype=np.float64)
+        batch_m2 = ((x - batch_mean) ** 2).sum(0, dtype=np.float64)
+        if self._mean is None:
+            self._mean, self._m2 = batch_mean, batch_m2
+            self._min, self._max = x.min(0), x.max(0)
+        else:
+            if x.shape[1] != self._mean.shape[0]:
+                raise ValueError(f"Dimension changed mid-stream: {self._mean.shape[0]} -> {x.shape[1]}.")
+            total = self.count + x.shape[0]
+            delta = batch_mean - self._mean
+            self._mean = self._mean + delta * (x.shape[0] / total)
+            self._m2 = self._m2 + batch_m2 + delta**2 * (self.count * x.shape[0] / total)
+            self._min, self._max = np.minimum(self._min, x.min(0)), np.maximum(self._max, x.max(0))
+        self.count += x.shape[0]
+        self._chunks.append(x)
+
+    def summary(self) -> dict[str, list[float]]:
+        """{mean, std, max, min, q01, q99}, each a list of D floats (std is the population std, as NumPy's)."""
+        if self._mean is None:
+            raise ValueError("No values to summarise.")
+        q01, q99 = [], []
+        for dim in range(self._mean.shape[0]):
+            column = np.concatenate([c[:, dim] for c in self._chunks]).astype(np.float64)
+            low, high = np.quantile(column, (0.01, 0.99), overwrite_input=True)
+            q01.append(low)
+            q99.append(high)
+        values = {
+            "mean": self._mean,
+            "std": np.sqrt(self._m2 / self.count),
+            "max": self._max,
+            "min": self._min,
+            "q01": q01,
+            "q99": q99,
+        }
+        return {k: [float(v) for v in values[k]] for k in STAT_KEYS}
+
+
 def compute_statistics(trajectories: Iterable[Mapping[str, np.ndarray]]) -> dict[str, Any]:
-    """Statistics of `action` and `proprio` over all steps of `trajectories` (each a dict of [T, D] arrays).
+    """Statistics of `action` and `proprio` over all steps of `trajectories` (each a dict of [T, D] arrays),
+    consumed one trajectory at a time (see `RunningStatistics`).
 
     Returns the cached layout: {"action": {mean, std, max, min, q01, q99}, "proprio": {...}, "num_transitions",
     "num_trajectories"}, every vector a list of floats.
     """
-    actions, proprios = [], []
+    action, proprio, num_trajectories = RunningStatistics(), RunningStatistics(), 0
     for traj in trajectories:
-        actions.append(np.asarray(traj["action"], np.float32))
-        proprios.append(np.asarray(traj["proprio"], np.float32))
-    if not actions:
+        action.update(traj["action"])
+        proprio.update(traj["proprio"])
+        num_trajectories += 1
+    if action.count == 0:
         raise ValueError("Cannot compute statistics of a dataset split with no trajectories.")
-
-    def summarise(x: np.ndarray) -> dict[str, list[float]]:
-        values = {
-            "mean": x.mean(0),
-            "std": x.std(0),
-            "max": x.max(0),
-            "min": x.min(0),
-            "q01": np.quantile(x, 0.01, axis=0),
-            "q99": np.quantile(x, 0.99, axis=0),
-        }
-        return {k: [float(v) for v in values[k]] for k in STAT_KEYS}
-
-    action, proprio = np.concatenate(actions), np.concatenate(proprios)
     return {
-        "action": summarise(action),
-        "proprio": summarise(proprio),
-        "num_transitions": int(action.shape[0]),
-        "num_trajectories": len(actions),
+        "action": action.summary(),
+        "proprio": proprio.summary(),
+        "num_transitions": action.count,
+        "num_trajectories": num_trajectories,
     }
 
 
