@@ -192,9 +192,18 @@ def _restructure(traj: dict[str, Any], config: RLDSDatasetConfig) -> dict[str, A
 
 
 def _read_trajectories(
-    builder: Any, split: str, config: RLDSDatasetConfig, *, repeat_seed: int | None = None
+    builder: Any,
+    split: str,
+    config: RLDSDatasetConfig,
+    *,
+    repeat_seed: int | None = None,
+    parallelism: int | None = None,
 ) -> Any:
     """Restructured (un-normalised) trajectories of `split`.
+
+    `parallelism`: shard files read and trajectories standardised at once. Training keeps the defaults
+    (`READ_CYCLE_LENGTH`, `TRAJECTORY_PARALLEL_CALLS`: memory per dataset stays small, and decoding is where its
+    cores go); a statistics pass, which keeps no images, reads with one file and one trajectory per core.
 
     `repeat_seed=None`: one pass, in file order. Otherwise: forever, with the file order reshuffled every epoch
     from (repeat_seed, epoch). The epoch index is part of the graph, so iterating the returned dataset again
@@ -214,7 +223,7 @@ def _read_trajectories(
             # tfds' defaults (16 files at once, 16 records per file turn, 8 MiB read-ahead each) buffer ~0.4 GB of
             # whole episodes per dataset when training consumes slower than files are read; a mixture pays that
             # once per dataset. One record per turn over a few files keeps it at ~50 MB.
-            interleave_cycle_length=READ_CYCLE_LENGTH,
+            interleave_cycle_length=parallelism or READ_CYCLE_LENGTH,
             interleave_block_length=1,
             override_buffer_size=READ_BUFFER_BYTES,
         )
@@ -229,8 +238,9 @@ def _read_trajectories(
         ds = tf.data.Dataset.counter().flat_map(read_epoch)
     # Whole trajectories (every camera of every step) are large: a fixed, small number are in flight per dataset,
     # so host memory does not grow with the mixture's size; the heavy per-frame work is parallelised later.
-    ds = ds.map(_episode_to_trajectory, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS)
-    return ds.map(lambda traj: _restructure(traj, config), num_parallel_calls=TRAJECTORY_PARALLEL_CALLS)
+    calls = parallelism or TRAJECTORY_PARALLEL_CALLS
+    ds = ds.map(_episode_to_trajectory, num_parallel_calls=calls)
+    return ds.map(lambda traj: _restructure(traj, config), num_parallel_calls=calls)
 
 
 def _split_name(builder: Any, train: bool) -> str:
@@ -253,7 +263,7 @@ def _dataset_statistics(builder: Any, dataset_dir: Path, config: RLDSDatasetConf
     )
 
     def compute() -> dict[str, Any]:
-        trajectories = _read_trajectories(builder, split, config).map(
+        trajectories = _read_trajectories(builder, split, config, parallelism=os.cpu_count() or 1).map(
             lambda traj: {"action": traj["action"], "proprio": traj["observation"]["proprio"]}
         )
         return compute_statistics(trajectories.as_numpy_iterator())
