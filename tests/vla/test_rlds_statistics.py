@@ -26,7 +26,10 @@ PIPELINE = {"resize_resolution": (32, 32), "shuffle_buffer_size": 16}
 
 
 def _numpy_stats(episodes: list[dict[str, np.ndarray]], key: str) -> dict[str, np.ndarray]:
-    x = np.concatenate([e[key] for e in episodes]).astype(np.float64)
+    return _numpy_summary(np.concatenate([e[key] for e in episodes]).astype(np.float64))
+
+
+def _numpy_summary(x: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "mean": x.mean(0),
         "std": x.std(0),
@@ -165,18 +168,9 @@ def test_running_statistics_match_numpy_over_uneven_chunks() -> None:
     running = RunningStatistics()
     for chunk in chunks:
         running.update(chunk)
-    x = np.concatenate(chunks).astype(np.float64)
     summary = running.summary()
     assert running.count == 1000
-    expected = {
-        "mean": x.mean(0),
-        "std": x.std(0),
-        "max": x.max(0),
-        "min": x.min(0),
-        "q01": np.quantile(x, 0.01, axis=0),
-        "q99": np.quantile(x, 0.99, axis=0),
-    }
-    for stat, value in expected.items():
+    for stat, value in _numpy_summary(np.concatenate(chunks).astype(np.float64)).items():
         np.testing.assert_allclose(summary[stat], value, rtol=1e-9, atol=1e-9, err_msg=stat)
     with pytest.raises(ValueError, match="Dimension changed"):
         running.update(np.zeros((3, 4), np.float32))
