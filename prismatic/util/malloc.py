@@ -3,8 +3,8 @@
 glibc gives each thread that allocates concurrently its own arena (up to 8 per core). tf.data's reader threads
 allocate the JPEG bytes of buffered frames in one arena and the consumer frees them into it, while other threads
 allocate from theirs: freed memory piles up in arenas that the allocating thread no longer uses. Measured on
-Bridge-like data (37.6 KB JPEG frames), a 10k-frame shuffle buffer then costs ~70 KB of RSS per frame instead
-of its 37.6 KB payload; with at most two arenas it costs ~44 KB, at the same frames/s.
+Bridge-like data (37.6 KB JPEG frames), the shuffle buffer then costs ~75 KB of RSS per frame instead of its
+37.6 KB payload; with at most two arenas it costs 39-47 KB, at the same frames/s.
 
 The cap is applied at run time with `mallopt(M_ARENA_MAX)` before TensorFlow starts its thread pools. It is left
 alone when the user set `MALLOC_ARENA_MAX` (glibc honours that itself), and on non-glibc platforms.

@@ -56,8 +56,8 @@ SHUFFLE_BUFFER_RAM_ENV = (
 DEFAULT_RAM_FRACTION = 0.5  # of physical RAM, shared by the ranks of one node (LOCAL_WORLD_SIZE)
 # What tf.data keeps per buffered frame beyond the payload bytes: ~6 tensors (handles, shapes, allocations).
 FRAME_OVERHEAD_BYTES = 1024
-# RSS per buffered byte, from malloc's bookkeeping and fragmentation: measured 44 KB of RSS per 38 KB frame on
-# Bridge-like data with the arena cap of `prismatic/util/malloc.py` (70 KB without it).
+# RSS per buffered byte, from malloc's bookkeeping and fragmentation: measured 39-47 KB of RSS per 38 KB frame on
+# Bridge-like data with the arena cap of `prismatic/util/malloc.py` (75 KB without it).
 ALLOCATOR_OVERHEAD = 1.15
 READ_CYCLE_LENGTH = 4  # shard files of one dataset read at once
 READ_BUFFER_BYTES = 2**20  # read-ahead per open shard file
