@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_data.py [--data_root_dir data/toy --data_mix toy]
     .venv/bin/python benchmarks/bench_data.py --bridge_like data/bench_bridge   # 256x256 JPEG, bridge_orig layout
+    .venv/bin/python benchmarks/bench_data.py --bridge_like data/bench_bridge --bridge_like_datasets 2  # + 1 dataset
     make bench-data [DATA_ROOT=... MIX=...]
 
 Runs the real training path: `RLDSDataset` (tf.data pipeline, shuffle buffer, decode + resize to 224x224) ->
@@ -123,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         "--bridge_like", type=Path, default=None, help="build / use Bridge-like data here instead"
     )
     parser.add_argument("--bridge_like_frames", type=int, default=12_000)
+    parser.add_argument(
+        "--bridge_like_datasets",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: read the Bridge-like data as a two-dataset mixture (bridge_orig + bridge_dataset, Bridge V2's "
+        "two registered names with one layout) to measure what each extra dataset of a mixture costs",
+    )
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--shuffle_buffer_size", type=int, default=10_000)
@@ -143,7 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.bridge_like is not None:
         data_root, mix = args.bridge_like, "bridge"
         start = time.perf_counter()
-        build_bridge_like(data_root, args.bridge_like_frames)
+        built = build_bridge_like(data_root, args.bridge_like_frames)
+        if args.bridge_like_datasets == 2:
+            from prismatic.vla.datasets.rlds.mixtures import MIXTURES, register_mixture
+
+            twin = data_root / "bridge_dataset"
+            if not twin.exists():
+                twin.symlink_to(built.parent.name, target_is_directory=True)  # same files, second name
+            mix = "bench_bridge_x2"
+            if mix not in MIXTURES:
+                register_mixture(mix, [(BRIDGE_LIKE_NAME, 1.0), ("bridge_dataset", 1.0)])
         print(f"bridge-like data: {data_root} ({time.perf_counter() - start:.1f} s to build / find)")
     elif mix == "toy":
         from prismatic.vla.datasets.rlds.toy import build_toy_datasets
