@@ -71,7 +71,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     from prismatic.training.metrics import StepMetrics
     from prismatic.training.strategies import get_train_strategy
     from prismatic.training.trackers import METRICS_FILE, build_trackers, read_metrics
-    from prismatic.util.dist import destroy_distributed, init_distributed
+    from prismatic.util.dist import destroy_distributed, init_distributed, run_once_per_node
     from prismatic.util.logging import setup_logging
     from prismatic.vla.action_tokenizer import ActionTokenizer
     from prismatic.vla.datasets import (
@@ -80,6 +80,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         RLDSDataset,
         save_dataset_statistics,
     )
+    from prismatic.vla.datasets.rlds import mixture_statistics
 
     # --- set up: processes, config checks, run folder ---------------------------------------------------------
     dist_info = init_distributed()
@@ -127,6 +128,8 @@ def train(cfg: TrainConfig) -> dict[str, float]:
                 dist_info.world_size,
             )
 
+    # Statistics are computed once per node and cached beside the data; the node's other ranks wait, then read.
+    run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, cfg.vla.data_mix), dist_info)
     dataset = RLDSDataset(
         cfg.data_root_dir,
         cfg.vla.data_mix,

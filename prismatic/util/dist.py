@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +45,29 @@ def init_distributed() -> DistInfo:
             backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
         )
     return DistInfo(rank, local_rank, world_size, max(1, world_size // max(1, local_world)), device)
+
+
+def run_once_per_node(
+    fn: Callable[[], Any], info: DistInfo, *, timeout: timedelta = timedelta(hours=12)
+) -> None:
+    """Run `fn` on every node's local rank 0 while the node's other ranks wait; for filling a cache (dataset
+    statistics) that they then read instead of each computing it, which would multiply a pass that can take
+    hours and its memory by the ranks per node.
+
+    The wait is a barrier on a gloo group with a long `timeout`: the default group's (NCCL: 10 minutes) would
+    expire during a long pass. If `fn` raises on local rank 0, the barrier is still reached, so the other ranks go
+    on (and meet the same error themselves) instead of waiting out the timeout.
+    """
+    if info.world_size == 1 or not dist.is_initialized():
+        fn()
+        return
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    try:
+        if info.local_rank == 0:
+            fn()
+    finally:
+        dist.barrier(group=group)
+        dist.destroy_process_group(group)
 
 
 def _free_port() -> int:
