@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 
 
 def setup_logging(rank: int) -> None:
-    """INFO on rank 0, warnings only elsewhere, with the rank in every line; quiet TensorFlow's C++ logs."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """INFO on rank 0, warnings only elsewhere, with the rank in every line (TensorFlow's C++ logs are quieted by
+    `prismatic.util.tf.import_tensorflow`)."""
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",

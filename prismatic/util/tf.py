@@ -2,7 +2,8 @@
 
 TensorFlow must be imported *after* torch and torchvision in a process: the other order segfaults (triton's and
 torchvision's native libraries clash with TensorFlow's). It must also never grab a GPU that torch trains on,
-and the process's malloc arenas are capped before TensorFlow starts its threads (`malloc.py` says why).
+its C++ logs are quieted (unless `TF_CPP_MIN_LOG_LEVEL` is set), and the process's malloc arenas are capped before
+TensorFlow starts its threads (`malloc.py` says why).
 Every module that needs TensorFlow calls `import_tensorflow()` instead of importing it directly.
 """
 
@@ -24,9 +25,7 @@ def import_tensorflow() -> ModuleType:
     global _TF
     if _TF is None:
         cap_malloc_arenas()
-        os.environ.setdefault(
-            "TF_CPP_MIN_LOG_LEVEL", "1"
-        )  # TensorFlow's C++ INFO lines (per file opened, ...)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO / warning lines
         modules = [importlib.import_module(name) for name in _LOAD_ORDER]
         tf = modules[-1]
         tf.config.set_visible_devices([], "GPU")

@@ -606,7 +606,8 @@ def make_interleaved_dataset(
     weights = balance_sample_weights([w for _, w, _ in members], sizes)
     shuffle_buffer_gb = 0.0
     if train:
-        shuffle_buffer_gb = shuffle_buffer_size * float(np.dot(weights, frame_bytes)) / 2**30
+        mean_frame_bytes = float(np.dot(weights, frame_bytes))
+        shuffle_buffer_gb = shuffle_buffer_size * mean_frame_bytes / 2**30
         budget_source = "shuffle_buffer_ram_gb argument"
         if shuffle_buffer_ram_gb is None:
             shuffle_buffer_ram_gb = default_shuffle_buffer_ram_gb()
@@ -617,7 +618,7 @@ def make_interleaved_dataset(
             )
         check_shuffle_buffer_fits(
             shuffle_buffer_size,
-            float(np.dot(weights, frame_bytes)),
+            mean_frame_bytes,
             shuffle_buffer_ram_gb,
             budget_source=budget_source,
         )
