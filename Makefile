@@ -55,5 +55,14 @@ bench-data: $(STAMP)
 bench-train: $(STAMP)
 	$(BIN)/python benchmarks/bench_train.py --vla $(VLA) --nproc $(NPROC)
 
+# Inference: predict_action latency, predict_action_batch actions/s at batch 1/8/32 (KV cache vs re-running), and
+# the server's requests/s and latency at concurrency 1 and 16 (dynamic batching vs --max_batch_size 1).
+.PHONY: bench-predict bench-serve
+bench-predict: $(STAMP)
+	$(BIN)/python benchmarks/bench_predict.py
+
+bench-serve: $(STAMP)
+	$(BIN)/python benchmarks/bench_serve.py
+
 # All benchmarks; each prints its figures.
-bench: bench-data bench-train
+bench: bench-data bench-train bench-predict bench-serve

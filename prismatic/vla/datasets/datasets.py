@@ -1,6 +1,6 @@
 """Torch side of the VLA data path: one RLDS frame -> model inputs, and the `IterableDataset` over the pipeline.
 
-`RLDSBatchTransform` builds OpenVLA's prompt ("What action should the robot take to {instruction}?"), tokenizes
+`RLDSBatchTransform` builds OpenVLA's prompt (`prismatic/vla/prompt.py`, shared with inference), tokenizes
 the text *before* the answer, and appends the action token ids and EOS as integers: the ids a released OpenVLA
 checkpoint was trained on, with no decode / re-encode round trip through text that could merge or split them.
 `RLDSDataset` wraps the `tf.data` pipeline of `rlds/dataset.py`; iterate it with a `DataLoader` with
@@ -30,6 +30,7 @@ from prismatic.models.backbones.llm.prompting.base_prompter import PromptBuilder
 from prismatic.util.constants import IGNORE_INDEX
 from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+from prismatic.vla.prompt import action_prompt_ids
 
 ImageTransform = Callable[[Image.Image], torch.Tensor | dict[str, torch.Tensor]]
 
@@ -154,9 +155,7 @@ class RLDSBatchTransform:
         """Token ids of the prompt up to the answer; cached (datasets repeat a few thousand instructions)."""
         ids = self._prefix_cache.get(instruction)
         if ids is None:
-            prompt_builder = self.prompt_builder_fn("openvla")
-            prompt_builder.add_turn("human", f"What action should the robot take to {instruction}?")
-            ids = self.base_tokenizer(prompt_builder.get_response_prefix(), add_special_tokens=True).input_ids
+            ids = action_prompt_ids(self.base_tokenizer, self.prompt_builder_fn, instruction)
             if len(self._prefix_cache) < 100_000:  # bounded, in case every frame has its own instruction
                 self._prefix_cache[instruction] = ids
         return ids
@@ -173,7 +172,7 @@ class RLDSBatchTransform:
         return self.image_transform(Image.fromarray(image))
 
     def __call__(self, frame: dict[str, Any]) -> dict[str, Any]:
-        instruction = _text(frame["task"]["language_instruction"]).lower()
+        instruction = _text(frame["task"]["language_instruction"])
         action = np.asarray(frame["action"], dtype=np.float32)
 
         prefix_ids = self._prefix_ids(instruction)
@@ -223,6 +222,7 @@ class RLDSDataset(IterableDataset):
         shuffle_buffer_ram_gb: float | None = None,
         window_size: int = 1,
         future_action_window_size: int = 0,
+        keep_raw_action: bool = False,
     ) -> None:
         self.data_root_dir, self.data_mix, self.batch_transform = (
             Path(data_root_dir),
@@ -245,6 +245,7 @@ class RLDSDataset(IterableDataset):
             shuffle_buffer_ram_gb=shuffle_buffer_ram_gb,
             window_size=window_size,
             future_action_window_size=future_action_window_size,
+            keep_raw_action=keep_raw_action,
         )
         self.dataset = pipeline.dataset
         self.dataset_statistics = pipeline.dataset_statistics

@@ -1,0 +1,153 @@
+"""Batched greedy decoding of action tokens from a PrismaticVLM: left padding, attention mask, KV cache.
+
+Every request of a batch has its own prompt length, so rows are laid out as training saw them, right-aligned:
+
+    [pad ... pad] [BOS] [patch_1 ... patch_P] [text_2 ... text_L]   (attention mask 0 on the pads)
+
+with position ids counted from each row's BOS, so a row decodes exactly as it would alone. The first forward
+pass fills the KV cache; each further action token costs one forward of one position. `use_cache=False`
+re-runs the whole model (vision backbone included) on the grown sequence at every step, as Hugging Face's
+`generate(use_cache=False)` does: the reference the benchmark compares against.
+
+Decoding is greedy. Constrained decoding takes the argmax over the action-token ids only (a contiguous id
+range), and its log-probabilities are those of the distribution over that range; unconstrained decoding is
+OpenVLA's (argmax over every logit, the padded embedding rows included; log-probabilities over all of them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from prismatic.models.backbones.vision.base_vision import PixelValues
+from prismatic.models.vlms.prismatic import PrismaticVLM
+
+
+@dataclass(frozen=True)
+class GreedyTokens:
+    """Decoded tokens of a batch: `token_ids` int64 `[B, T]`, `logprobs` float32 `[B, T]` (of the chosen ids)."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+
+
+def _keep_last_logits_kwarg(llm: torch.nn.Module) -> dict[str, int]:
+    """Ask the LM head for the last position's logits only (all positions' would cost B x S x vocab floats)."""
+    parameters = inspect.signature(llm.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):  # transformers >= 4.50 / 4.45-4.49
+        if name in parameters:
+            return {name: 1}
+    return {}
+
+
+def _left_padded_embeddings(
+    vlm: PrismaticVLM, prompt_ids: Sequence[Sequence[int]], pixel_values: PixelValues, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input embeddings `[B, S, D]` (BOS, patches, rest of the prompt; right-aligned) and their mask `[B, S]`."""
+    device = vlm.llm_backbone.llm.get_input_embeddings().weight.device
+    lengths = [len(ids) for ids in prompt_ids]
+    ids = torch.full((len(prompt_ids), max(lengths)), pad_id, dtype=torch.long)
+    for row, row_ids in enumerate(prompt_ids):
+        ids[row, : len(row_ids)] = torch.as_tensor(row_ids, dtype=torch.long)
+    text = vlm.llm_backbone.embed_input_ids(ids.to(device))
+    patches = vlm.projector(vlm.vision_backbone(pixel_values)).to(text.dtype)
+    num_patches = patches.shape[1]
+
+    seq_len = num_patches + max(lengths)
+    embeds = text.new_zeros((len(prompt_ids), seq_len, text.shape[-1]))
+    mask = torch.zeros((len(prompt_ids), seq_len), dtype=torch.long, device=device)
+    for row, length in enumerate(lengths):
+        start = seq_len - (num_patches + length)
+        embeds[row, start] = text[row, 0]
+        embeds[row, start + 1 : start + 1 + num_patches] = patches[row]
+        embeds[row, start + 1 + num_patches :] = text[row, 1:length]
+        mask[row, start:] = 1
+    return embeds, mask
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counted from each row's first attended token (pads get 0; they are masked anyway)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.inference_mode()
+def greedy_decode(
+    vlm: PrismaticVLM,
+    prompt_ids: Sequence[Sequence[int]],
+    pixel_values: PixelValues,
+    num_tokens: int,
+    *,
+    pad_id: int,
+    allowed_ids: range | None,
+    use_cache: bool = True,
+) -> GreedyTokens:
+    """Greedily decode `num_tokens` tokens for each of B prompts (each starting with BOS) and images.
+
+    Args:
+        vlm: the model, in eval mode, on the device and dtype of `pixel_values`.
+        prompt_ids: B lists of token ids (any lengths).
+        pixel_values: `[B, 3, H, W]` (or a dict of them for fused backbones).
+        num_tokens: tokens to generate per row.
+        pad_id: id used for padding (never attended).
+        allowed_ids: the contiguous id range decoding may choose from (the action tokens), or None for every id.
+        use_cache: reuse keys and values across steps (False: re-run the full sequence every step).
+
+    Returns:
+        The chosen ids and their log-probabilities, `[B, num_tokens]` each.
+    """
+    llm = vlm.llm_backbone.llm
+    keep_last = _keep_last_logits_kwarg(llm)
+
+    def prompt() -> tuple[torch.Tensor, torch.Tensor]:
+        return _left_padded_embeddings(vlm, prompt_ids, pixel_values, pad_id)
+
+    def choose(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = logits.float()
+        offset = 0
+        if allowed_ids is not None:
+            logits, offset = logits[:, allowed_ids.start : allowed_ids.stop], allowed_ids.start
+        logprobs = torch.log_softmax(logits, dim=-1)
+        index = logits.argmax(dim=-1)
+        return index + offset, logprobs.gather(-1, index[:, None])[:, 0]
+
+    embeds, mask = prompt()
+    out = llm(
+        inputs_embeds=embeds,
+        attention_mask=mask,
+        position_ids=_positions(mask),
+        use_cache=use_cache,
+        **keep_last,
+    )
+    chosen_ids, chosen_logprobs = [], []
+    for index in range(num_tokens):
+        token, logprob = choose(out.logits[:, -1])
+        chosen_ids.append(token)
+        chosen_logprobs.append(logprob)
+        if index == num_tokens - 1:
+            break
+        token_embeds = vlm.llm_backbone.embed_input_ids(token[:, None])
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        if use_cache:
+            out = llm(
+                inputs_embeds=token_embeds,
+                attention_mask=mask,
+                position_ids=_positions(mask)[:, -1:],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+                **keep_last,
+            )
+        else:
+            embeds = torch.cat(
+                [prompt()[0], *(vlm.llm_backbone.embed_input_ids(t[:, None]) for t in chosen_ids)], 1
+            )
+            out = llm(
+                inputs_embeds=embeds,
+                attention_mask=mask,
+                position_ids=_positions(mask),
+                use_cache=False,
+                **keep_last,
+            )
+    return GreedyTokens(torch.stack(chosen_ids, dim=1).cpu(), torch.stack(chosen_logprobs, dim=1).cpu())

@@ -1,0 +1,346 @@
+"""The trained policy: one object that turns (camera image, instruction) into a continuous robot action.
+
+    policy = prismatic.load_policy("runs/demo")                  # or a checkpoint, an HF OpenVLA folder, a Hub id
+    action = policy.predict_action(image_HW3_uint8, "pick up the can", unnorm_key="bridge_orig")   # (7,)
+    actions, logprobs = policy.predict_action_batch(images, instructions, return_logprobs=True)   # (B, 7) each
+
+`VLAPolicy` owns everything inference needs in one place: the VLM, its image transform, the prompt of its LLM
+(`prismatic/vla/prompt.py`, the one training uses), the action tokenizer, the checkpoint's `norm_stats`, and the
+device and dtype. An action comes out as OpenVLA's HF `predict_action` makes it: the same prompt and special
+tokens, greedy decoding of `action_dim` tokens, the same bin centres (`vocab_size - id`, shifted and clipped),
+and the same un-normalisation (`0.5 * (a + 1) * (q99 - q01) + q01` where the mask is True, float64), so a
+checkpoint gives the same action here and in OpenVLA's evaluation code.
+
+Decoding is constrained to the 256 action-token ids by default; `constrained=False` is OpenVLA's unconstrained
+greedy decoding, including its stop at EOS (the action is then the last `action_dim` ids of prompt + output, as
+OpenVLA reads them; logprobs of ids taken from the prompt are NaN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from prismatic.inference.decoding import greedy_decode
+from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.util.errors import ConfigError
+from prismatic.vla.action_tokenizer import ActionTokenizer
+from prismatic.vla.prompt import action_prompt_ids
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ImageLike = np.ndarray | Image.Image
+DEFAULT_ACTION_DIM = 7  # tokens decoded for a checkpoint without statistics (OpenVLA's EEF delta + gripper)
+
+
+class PolicyInputError(ConfigError):
+    """A request the policy cannot answer (bad image, instruction or unnorm key); the message says what to fix."""
+
+
+def unnormalize_actions(normalized: np.ndarray, action_stats: Mapping[str, Any]) -> np.ndarray:
+    """OpenVLA's un-normalisation: q01/q99 bounds where `mask` is True (default: everywhere), float64.
+
+    Args:
+        normalized: actions in [-1, 1] (bin centres), `[..., action_dim]`.
+        action_stats: one dataset's `norm_stats[key]["action"]` (q01, q99, optional mask).
+    """
+    low, high = np.array(action_stats["q01"]), np.array(action_stats["q99"])
+    mask = np.array(action_stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool)
+    return np.where(mask, 0.5 * (normalized + 1) * (high - low) + low, normalized)
+
+
+def openvla_action_ids(
+    prompt_ids: Sequence[int], generated_ids: Sequence[int], eos_id: int, action_dim: int
+) -> tuple[list[int], list[bool]]:
+    """The ids OpenVLA's `predict_action` reads as the action after unconstrained generation.
+
+    Its `generate` stops at EOS, and it takes the last `action_dim` ids of prompt + output: when EOS comes early,
+    EOS and trailing prompt ids become "actions". Returns those ids and, per id, whether it was generated.
+    """
+    generated = list(generated_ids)
+    if eos_id in generated[:action_dim]:
+        generated = generated[: generated.index(eos_id) + 1]
+    sequence = [*prompt_ids, *generated][-action_dim:]
+    from_output = [False] * (action_dim - min(action_dim, len(generated))) + [True] * min(
+        action_dim, len(generated)
+    )
+    return sequence, from_output
+
+
+@dataclass(frozen=True)
+class DecodedActions:
+    """One batch's decoded actions: token ids, bin centres in [-1, 1], un-normalised actions, log-probabilities."""
+
+    token_ids: np.ndarray  # int64 [B, A]
+    normalized: np.ndarray  # float64 [B, A]
+    actions: np.ndarray  # float64 [B, A]
+    logprobs: np.ndarray  # float32 [B, A]
+
+
+def resolve_device_dtype(
+    device: str | torch.device, dtype: str | torch.dtype | None
+) -> tuple[torch.device, torch.dtype]:
+    """`device` as a torch.device and `dtype` (default: bf16 on GPU, fp32 on CPU), with clear errors."""
+    try:
+        device = torch.device(device)
+    except RuntimeError as err:
+        raise ConfigError(f"Unknown device '{device}': use 'cpu', 'cuda' or 'cuda:N'.") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"Device '{device}' asked for, but no CUDA GPU is available here: use device='cpu'."
+        )
+    if dtype is None:
+        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ConfigError(f"Unsupported dtype {dtype}: use one of {', '.join(DTYPES)}.")
+        return device, dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"Unknown dtype '{dtype}': use one of {', '.join(DTYPES)}.")
+    return device, DTYPES[dtype]
+
+
+class VLAPolicy:
+    """A loaded VLA ready for inference (see the module docstring). Build it with `load_policy`.
+
+    Args:
+        vlm: the model (moved to `device` / `dtype` and put in eval mode here).
+        norm_stats: the checkpoint's action statistics in OpenVLA's layout, or None (actions can't be
+            un-normalised then; `decode_batch` still returns token ids and normalised actions).
+        source: where it was loaded from (for logs and the server's metadata).
+        device, dtype: where and in which precision the model runs.
+        constrained: default decoding mode (True: only action-token ids).
+    """
+
+    def __init__(
+        self,
+        vlm: PrismaticVLM,
+        norm_stats: Mapping[str, Any] | None,
+        source: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        constrained: bool = True,
+    ) -> None:
+        self.vlm = vlm.to(device=device, dtype=dtype).eval()
+        self.norm_stats = dict(norm_stats) if norm_stats is not None else None
+        self.source, self.device, self.dtype, self.constrained = source, device, dtype, constrained
+        self.tokenizer = vlm.llm_backbone.tokenizer
+        self.image_transform = vlm.vision_backbone.get_image_transform()
+        self.prompt_builder_fn = vlm.llm_backbone.prompt_builder_fn
+        # Action ids come from the tokenizer's vocabulary size, as in training; the model's embedding matrix may
+        # have more (padded) rows, which only unconstrained decoding can pick.
+        self.action_tokenizer = ActionTokenizer(self.tokenizer)
+        self.action_ids = range(
+            self.action_tokenizer.action_token_begin_idx + 1, self.action_tokenizer.vocab_size
+        )
+        self._prompt_cache: dict[str, list[int]] = {}
+
+    @property
+    def model_id(self) -> str:
+        return self.vlm.model_id
+
+    @property
+    def unnorm_keys(self) -> list[str]:
+        """The datasets whose statistics the checkpoint carries (valid `unnorm_key` values)."""
+        return sorted(self.norm_stats) if self.norm_stats else []
+
+    def resolve_unnorm_key(self, unnorm_key: str | None) -> str:
+        """The dataset key to un-normalise with; None is fine when the checkpoint has exactly one.
+
+        Raises:
+            PolicyInputError: no statistics, None with several keys, or an unknown key (the valid ones listed).
+        """
+        keys = self.unnorm_keys
+        if not keys:
+            raise PolicyInputError(
+                f"'{self.source}' carries no action statistics (norm_stats), so actions can't be un-normalised: "
+                "load a run folder with dataset_statistics.json or an HF export with norm_stats."
+            )
+        if unnorm_key is None:
+            if len(keys) == 1:
+                return keys[0]
+            raise PolicyInputError(
+                f"This policy was trained on several datasets: pass unnorm_key, one of {', '.join(keys)}."
+            )
+        if not isinstance(unnorm_key, str) or unnorm_key not in self.norm_stats:
+            raise PolicyInputError(f"Unknown unnorm_key {unnorm_key!r}: valid keys are {', '.join(keys)}.")
+        return unnorm_key
+
+    def action_dim(self, unnorm_key: str | None = None) -> int:
+        """Action dimensions of dataset `unnorm_key` (tokens decoded per action), as OpenVLA's `get_action_dim`."""
+        return len(self.norm_stats[self.resolve_unnorm_key(unnorm_key)]["action"]["q01"])
+
+    def check_image(self, image: Any) -> ImageLike:
+        """The image if it is an H x W x 3 uint8 array or a PIL image; otherwise a PolicyInputError saying why."""
+        if isinstance(image, Image.Image):
+            return image
+        if not isinstance(image, np.ndarray):
+            raise PolicyInputError(
+                f"image must be an H x W x 3 uint8 array or a PIL image, got {type(image).__name__}."
+            )
+        if image.dtype != np.uint8:
+            raise PolicyInputError(f"image must have dtype uint8 (RGB 0-255), got {image.dtype}.")
+        if image.ndim != 3 or image.shape[2] != 3 or min(image.shape[:2]) < 1:
+            raise PolicyInputError(f"image must have shape (H, W, 3), got {tuple(image.shape)}.")
+        return image
+
+    def _prompt_ids(self, instruction: Any) -> list[int]:
+        if not isinstance(instruction, str):
+            raise PolicyInputError(f"instruction must be a string, got {type(instruction).__name__}.")
+        ids = self._prompt_cache.get(instruction)
+        if ids is None:
+            ids = action_prompt_ids(self.tokenizer, self.prompt_builder_fn, instruction)
+            if len(self._prompt_cache) < 10_000:
+                self._prompt_cache[instruction] = ids
+        return ids
+
+    def _pixel_values(self, images: Sequence[Any]) -> Any:
+        """OpenVLA's processor path: PIL RGB image -> the backbone's transform -> stacked, on device/dtype."""
+        tensors = []
+        for image in images:
+            image = self.check_image(image)
+            pil = image if isinstance(image, Image.Image) else Image.fromarray(image)
+            tensors.append(self.image_transform(pil.convert("RGB")))
+        if isinstance(tensors[0], Mapping):
+            return {k: torch.stack([t[k] for t in tensors]).to(self.device, self.dtype) for k in tensors[0]}
+        return torch.stack(tensors).to(self.device, self.dtype)
+
+    def _row_keys(self, unnorm_key: str | None | Sequence[str | None], batch_size: int) -> list[str | None]:
+        if unnorm_key is None or isinstance(unnorm_key, str):
+            keys = [unnorm_key] * batch_size
+        else:
+            keys = list(unnorm_key)
+            if len(keys) != batch_size:
+                raise PolicyInputError(f"Got {len(keys)} unnorm keys for a batch of {batch_size} requests.")
+        return keys
+
+    def decode_ids(
+        self, token_ids: np.ndarray, unnorm_keys: Sequence[str | None]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids `[B, A]` -> (bin centres `[B, A]`, un-normalised actions `[B, A]`), float64, row by row.
+
+        A row whose key is None (a checkpoint without statistics) keeps its normalised action.
+        """
+        normalized = self.action_tokenizer.decode_ids(token_ids)
+        actions = normalized.copy()
+        for row, key in enumerate(unnorm_keys):
+            if key is not None:
+                actions[row] = unnormalize_actions(normalized[row], self.norm_stats[key]["action"])
+        return normalized, actions
+
+    def decode_batch(
+        self,
+        images: Sequence[Any],
+        instructions: Sequence[str],
+        unnorm_key: str | None | Sequence[str | None] = None,
+        *,
+        constrained: bool | None = None,
+        use_cache: bool = True,
+    ) -> DecodedActions:
+        """Decode a batch of requests together; everything `predict_action_batch` returns, and the token ids.
+
+        Args:
+            images: B images (H x W x 3 uint8 arrays or PIL images; sizes may differ).
+            instructions: B instructions.
+            unnorm_key: one dataset key for every row, or one per row (None: the checkpoint's only key).
+            constrained: decode action-token ids only (default: the policy's `constrained`).
+            use_cache: KV-cached decoding (False re-runs the full sequence each step; same result, slower).
+
+        Raises:
+            PolicyInputError: a bad image, instruction or key; rows whose keys have different action dims.
+        """
+        if len(images) != len(instructions) or not images:
+            raise PolicyInputError(
+                f"Need as many images as instructions (at least one), got {len(images)} and {len(instructions)}."
+            )
+        constrained = self.constrained if constrained is None else constrained
+        keys = self._row_keys(unnorm_key, len(images))
+        if self.norm_stats is None and all(key is None for key in keys):
+            resolved: list[str | None] = keys
+            dims = {DEFAULT_ACTION_DIM}
+        else:
+            resolved = [self.resolve_unnorm_key(key) for key in keys]
+            dims = {len(self.norm_stats[key]["action"]["q01"]) for key in resolved}
+        if len(dims) != 1:
+            raise PolicyInputError(
+                f"Requests of one batch need the same action dimension; unnorm keys {sorted(set(resolved))} have "
+                f"{sorted(dims)}."
+            )
+        action_dim = dims.pop()
+        prompt_ids = [self._prompt_ids(instruction) for instruction in instructions]
+        pixel_values = self._pixel_values(images)
+        eos_id = self.tokenizer.eos_token_id
+        tokens = greedy_decode(
+            self.vlm,
+            prompt_ids,
+            pixel_values,
+            action_dim,
+            pad_id=self.tokenizer.pad_token_id,
+            allowed_ids=self.action_ids if constrained else None,
+            use_cache=use_cache,
+        )
+        token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()
+        if not constrained:  # OpenVLA's generate stops at EOS; the action is then read from prompt + output
+            for row, prompt in enumerate(prompt_ids):
+                ids, generated = openvla_action_ids(prompt, token_ids[row].tolist(), eos_id, action_dim)
+                shift = action_dim - sum(generated)
+                logprobs[row] = np.concatenate(
+                    [np.full(shift, np.nan, np.float32), logprobs[row, : action_dim - shift]]
+                )
+                token_ids[row] = ids
+        normalized, actions = self.decode_ids(token_ids, resolved)
+        return DecodedActions(token_ids.astype(np.int64), normalized, actions, logprobs.astype(np.float32))
+
+    def predict_action_batch(
+        self,
+        images: Sequence[Any],
+        instructions: Sequence[str],
+        unnorm_key: str | None | Sequence[str | None] = None,
+        return_logprobs: bool = False,
+        *,
+        constrained: bool | None = None,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Actions `(B, action_dim)` float64 for B requests decoded together; row i equals
+        `predict_action(images[i], instructions[i])`. With `return_logprobs`, also the log-probabilities of the
+        chosen tokens `(B, action_dim)` float32.
+        """
+        decoded = self.decode_batch(images, instructions, unnorm_key, constrained=constrained)
+        return (decoded.actions, decoded.logprobs) if return_logprobs else decoded.actions
+
+    def predict_action(
+        self, image: Any, instruction: str, unnorm_key: str | None = None, *, constrained: bool | None = None
+    ) -> np.ndarray:
+        """The un-normalised action `(action_dim,)` float64 for one camera image and instruction."""
+        return self.decode_batch([image], [instruction], unnorm_key, constrained=constrained).actions[0]
+
+
+def load_policy(
+    path_or_id: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    hf_token: str | None = None,
+    constrained: bool = True,
+) -> VLAPolicy:
+    """Load a trained policy from anything `prismatic.models.load_vla` accepts.
+
+    Args:
+        path_or_id: a run folder (its newest checkpoint), a `<run>/checkpoints/*.pt` file, an exported HF
+            OpenVLA folder, or a Hub id.
+        device: where the model runs ("cpu", "cuda", "cuda:1", ...).
+        dtype: "bfloat16" / "float32" / "float16" or a torch dtype; default bf16 on GPU, fp32 on CPU.
+        hf_token: for gated Hub repos.
+        constrained: decode only action-token ids (False: OpenVLA's unconstrained greedy decoding).
+
+    Raises:
+        ConfigError: unknown path or id, unreadable checkpoint, unknown device or dtype.
+    """
+    from prismatic.models.loading import load_vla
+
+    device, dtype = resolve_device_dtype(device, dtype)
+    loaded = load_vla(path_or_id, hf_token=hf_token)
+    return VLAPolicy(loaded.vlm, loaded.norm_stats, loaded.source, device, dtype, constrained=constrained)
