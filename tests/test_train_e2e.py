@@ -130,6 +130,29 @@ def test_checkpoint_loads_without_distributed_setup(full_run: Path):
     assert all(v.dtype == torch.float32 for v in flat.values())
 
 
+def test_trained_run_folder_is_a_policy(full_run: Path):
+    """What `make demo` then `load_policy("runs/demo")` does: the newest checkpoint, with the run's statistics."""
+    import numpy as np
+
+    from prismatic.inference import load_policy
+
+    policy = load_policy(full_run)
+    stats = json.loads((full_run / "dataset_statistics.json").read_text())
+    assert policy.unnorm_keys == ["toy_pick_place", "toy_push"] and policy.norm_stats == stats
+    newest = torch.load(checkpoints(full_run)[6], map_location="cpu", weights_only=True)["model"]
+    assert torch.equal(
+        policy.vlm.projector.state_dict()["projector.0.weight"], newest["projector"]["projector.0.weight"]
+    )
+    image = np.full((64, 64, 3), (200, 40, 40), dtype=np.uint8)
+    for key in policy.unnorm_keys:
+        action = policy.predict_action(image, "pick up the red block", unnorm_key=key)
+        low, high = np.array(stats[key]["action"]["q01"]), np.array(stats[key]["action"]["q99"])
+        mask = np.array(stats[key]["action"]["mask"])
+        assert (
+            action.shape == (7,) and (action[mask] >= low[mask]).all() and (action[mask] <= high[mask]).all()
+        )
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(
     full_run: Path, toy_data_root: Path, tmp_path: Path
 ):
