@@ -18,6 +18,7 @@ first N frames. Parallel maps keep their order (`options.deterministic = True`).
 Each yielded frame (as NumPy via `.as_numpy_iterator()`):
     {"observation": {"image_primary": uint8[H, W, 3], "proprio": float32[8]},
      "task": {"language_instruction": bytes}, "action": float32[7] (normalised), "dataset_name": bytes}
+plus "raw_action" (the standardised action before normalisation, same shape) when `keep_raw_action=True`.
 """
 
 from __future__ import annotations
@@ -272,8 +273,16 @@ def _dataset_statistics(builder: Any, dataset_dir: Path, config: RLDSDatasetConf
     return statistics
 
 
-def _normalize(traj: dict[str, Any], statistics: dict[str, Any], config: RLDSDatasetConfig) -> dict[str, Any]:
-    """Normalise action (masked dims only) and proprio with the dataset's train statistics."""
+def _normalize(
+    traj: dict[str, Any], statistics: dict[str, Any], config: RLDSDatasetConfig, keep_raw_action: bool = False
+) -> dict[str, Any]:
+    """Normalise action (masked dims only) and proprio with the dataset's train statistics.
+
+    `keep_raw_action`: also keep the action in robot units as `raw_action` (evaluation compares un-normalised
+    predictions against it; un-normalising the clipped `action` would not give it back).
+    """
+    if keep_raw_action:
+        traj["raw_action"] = traj["action"]
     norm = config.action_normalization_type
     traj["action"] = normalize_tf(
         traj["action"], statistics["action"], norm, config.action_normalization_mask
@@ -510,6 +519,7 @@ def make_interleaved_dataset(
     shuffle_buffer_ram_gb: float | None = None,
     window_size: int = 1,
     future_action_window_size: int = 0,
+    keep_raw_action: bool = False,
 ) -> RLDSPipeline:
     """Build the frame stream of mixture `data_mix` for one rank (see module docstring).
 
@@ -533,6 +543,8 @@ def make_interleaved_dataset(
             format of the module docstring; otherwise `image_primary` is [W, H, W, 3], `proprio` [W, 8],
             `observation.pad_mask` bool[W], `action` [F + 1, A] and `action_pad_mask` bool[F + 1] (the torch-side
             `RLDSBatchTransform` consumes single-step frames only).
+        keep_raw_action: frames also carry `raw_action`, the standardised action before normalisation (for
+            evaluation in robot units); off for training, where it would only cost buffer memory.
 
     Raises:
         ConfigError: unknown mixture, missing data folder or dataset(s), a dataset with fewer trajectories than
@@ -597,7 +609,9 @@ def make_interleaved_dataset(
             trajectories = trajectories.map(
                 _drop_zero_action_frames, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS
             )
-        normalize = functools.partial(_normalize, statistics=stats, config=config)
+        normalize = functools.partial(
+            _normalize, statistics=stats, config=config, keep_raw_action=keep_raw_action
+        )
         # `unbatch` (not `flat_map(from_tensor_slices)`): same frames, less per-frame overhead (~15% more frames/s).
         frames = trajectories.map(normalize, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS).unbatch()
         datasets.append(frames)

@@ -1,0 +1,421 @@
+"""Offline evaluation of a policy on a held-out RLDS split: metric sums and the evaluation loop.
+
+    summary = evaluate(policy, data_root_dir, "toy", split="val", rank=rank, world_size=world_size)
+    print(format_summary(summary))
+
+Metrics, per dataset of the mixture and overall (`vla_scripts/evaluate.py` is the command line):
+- action-token accuracy: the predicted token ids against `action_tokenizer.encode_to_ids` of the ground-truth
+  action normalised with the data's statistics, exactly the labels training uses;
+- L1 and MSE per action dimension in robot units: un-normalised predictions against the frame's *raw*
+  (standardised, not normalised) action, and their means over dimensions;
+- gripper accuracy: the last action dimension, read as open when > 0.5 and closed otherwise. This is OpenVLA's
+  convention after standardisation (gripper in [0, 1], 1 = open; its LIBERO / real-robot scripts binarise at 0.5);
+- the number of frames.
+
+Under torchrun every rank decodes a disjoint shard of the split (the pipeline splits trajectories by rank), keeps
+its own sums, and one `all_reduce` at the end adds them up: no collective per batch, so ranks with unequal shards
+never wait on each other mid-way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from prismatic.util.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from prismatic.inference.policy import VLAPolicy
+    from prismatic.vla.datasets import RLDSDataset
+
+logger = logging.getLogger(__name__)
+
+GRIPPER_OPEN_THRESHOLD = 0.5  # gripper in [0, 1], 1 = open (OpenVLA's standardised convention)
+SPLITS = ("val", "train")
+# `--split train` samples the training stream (shuffled, infinite): a small buffer is enough for a sample.
+TRAIN_SAMPLE_SHUFFLE_BUFFER = 1000
+_METRIC_KEYS = (
+    "action_token_accuracy",
+    "gripper_accuracy",
+    "l1_mean",
+    "mse_mean",
+    "l1_per_dim",
+    "mse_per_dim",
+)
+
+
+class EvalMetrics:
+    """Sums (float64) per dataset: frames, correct action tokens, correct gripper states, |error| and error^2
+    per action dimension. Means are taken only in `summary()`, so sums from any number of batches and ranks
+    combine exactly.
+    """
+
+    def __init__(
+        self,
+        dataset_names: Sequence[str],
+        action_dim: int,
+        gripper_threshold: float = GRIPPER_OPEN_THRESHOLD,
+    ) -> None:
+        if len(set(dataset_names)) != len(dataset_names) or not dataset_names:
+            raise ValueError(f"dataset_names must be unique and non-empty, got {list(dataset_names)}.")
+        if action_dim < 1:
+            raise ValueError(f"action_dim must be >= 1, got {action_dim}.")
+        self.dataset_names = list(dataset_names)
+        self.index = {name: i for i, name in enumerate(self.dataset_names)}
+        self.action_dim = action_dim
+        self.gripper_threshold = gripper_threshold
+        num = len(self.dataset_names)
+        self.frames = np.zeros(num, np.float64)
+        self.correct_tokens = np.zeros(num, np.float64)
+        self.correct_gripper = np.zeros(num, np.float64)
+        self.abs_error = np.zeros((num, action_dim), np.float64)
+        self.sq_error = np.zeros((num, action_dim), np.float64)
+
+    def update(
+        self,
+        dataset_names: Sequence[str],
+        pred_token_ids: np.ndarray,
+        true_token_ids: np.ndarray,
+        pred_actions: np.ndarray,
+        true_actions: np.ndarray,
+    ) -> None:
+        """Add a batch of B frames.
+
+        Args:
+            dataset_names: B dataset names (each one of `self.dataset_names`).
+            pred_token_ids, true_token_ids: int `[B, A]` action token ids.
+            pred_actions, true_actions: `[B, A]` actions in robot units (un-normalised).
+        """
+        pred_ids, true_ids = np.asarray(pred_token_ids), np.asarray(true_token_ids)
+        pred, true = np.asarray(pred_actions, np.float64), np.asarray(true_actions, np.float64)
+        shape = (len(dataset_names), self.action_dim)
+        for name, array in (
+            ("pred_token_ids", pred_ids),
+            ("true_token_ids", true_ids),
+            ("pred_actions", pred),
+            ("true_actions", true),
+        ):
+            if array.shape != shape:
+                raise ValueError(f"{name} has shape {array.shape}, expected {shape} (frames, action dims).")
+        unknown = sorted(set(dataset_names) - set(self.index))
+        if unknown:
+            raise ValueError(f"Frames of datasets {unknown} not among {self.dataset_names}.")
+        rows = np.array([self.index[name] for name in dataset_names], np.int64)
+        error = pred - true
+        gripper_open = pred[:, -1] > self.gripper_threshold
+        np.add.at(self.frames, rows, 1.0)
+        np.add.at(self.correct_tokens, rows, (pred_ids == true_ids).sum(axis=1))
+        np.add.at(self.correct_gripper, rows, gripper_open == (true[:, -1] > self.gripper_threshold))
+        np.add.at(self.abs_error, rows, np.abs(error))
+        np.add.at(self.sq_error, rows, error**2)
+
+    def _packed(self) -> np.ndarray:
+        return np.concatenate(
+            [
+                self.frames,
+                self.correct_tokens,
+                self.correct_gripper,
+                self.abs_error.ravel(),
+                self.sq_error.ravel(),
+            ]
+        )
+
+    def _unpack(self, packed: np.ndarray) -> None:
+        num, dims = len(self.dataset_names), self.action_dim
+        parts = np.split(packed, np.cumsum([num, num, num, num * dims]))
+        self.frames, self.correct_tokens, self.correct_gripper = parts[0], parts[1], parts[2]
+        self.abs_error, self.sq_error = parts[3].reshape(num, dims), parts[4].reshape(num, dims)
+
+    def all_reduce(self, device: torch.device | str = "cpu") -> None:
+        """Sum every rank's counts and errors (one `all_reduce`, SUM) so that `summary()` covers all ranks.
+
+        Collective: call it on every rank, once, after the last `update`. `device` is where the reduction runs
+        (CUDA for NCCL, CPU for gloo). A no-op without an initialised process group.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        packed = torch.from_numpy(self._packed()).to(device)
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        self._unpack(packed.cpu().numpy().astype(np.float64))
+
+    def _group(
+        self, frames: float, tokens: float, gripper: float, abs_err: np.ndarray, sq_err: np.ndarray
+    ) -> dict[str, Any]:
+        if frames == 0:  # nothing to average: report the count, not a made-up 0
+            return {"num_frames": 0, **dict.fromkeys(_METRIC_KEYS)}
+        l1, mse = abs_err / frames, sq_err / frames
+        return {
+            "num_frames": int(frames),
+            "action_token_accuracy": float(tokens / (frames * self.action_dim)),
+            "gripper_accuracy": float(gripper / frames),
+            "l1_mean": float(l1.mean()),
+            "mse_mean": float(mse.mean()),
+            "l1_per_dim": [float(v) for v in l1],
+            "mse_per_dim": [float(v) for v in mse],
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """`{"overall": metrics, "datasets": {name: metrics}}`; metrics as in the module docstring (None where a
+        dataset has no frames)."""
+        datasets = {
+            name: self._group(
+                self.frames[i],
+                self.correct_tokens[i],
+                self.correct_gripper[i],
+                self.abs_error[i],
+                self.sq_error[i],
+            )
+            for i, name in enumerate(self.dataset_names)
+        }
+        overall = self._group(
+            self.frames.sum(),
+            self.correct_tokens.sum(),
+            self.correct_gripper.sum(),
+            self.abs_error.sum(axis=0),
+            self.sq_error.sum(axis=0),
+        )
+        return {"overall": overall, "datasets": datasets}
+
+
+# === The loop ===
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def eval_frame(frame: Mapping[str, Any]) -> dict[str, Any]:
+    """One pipeline frame (with `raw_action`) -> what evaluation needs: image, instruction, dataset name,
+    normalised and raw action. The `batch_transform` of the evaluation `RLDSDataset`."""
+    return {
+        "image": np.asarray(frame["observation"]["image_primary"]),
+        "instruction": _text(frame["task"]["language_instruction"]),
+        "dataset_name": _text(frame["dataset_name"]),
+        "action": np.asarray(frame["action"], np.float32),
+        "raw_action": np.asarray(frame["raw_action"], np.float32),
+    }
+
+
+def _batches(frames: Iterable[dict[str, Any]], batch_size: int, max_frames: int | None) -> Iterator[list]:
+    batch: list[dict[str, Any]] = []
+    for count, frame in enumerate(frames):
+        if max_frames is not None and count >= max_frames:
+            break
+        batch.append(frame)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def evaluate_frames(
+    policy: VLAPolicy,
+    frames: Iterable[dict[str, Any]],
+    metrics: EvalMetrics,
+    *,
+    batch_size: int = 32,
+    max_frames: int | None = None,
+    unnorm_key: str | None = None,
+) -> int:
+    """Decode `frames` (as `eval_frame` makes them) in batches and add them to `metrics`; local, no collectives.
+
+    Each frame's actions are un-normalised with the statistics of its own dataset, or of `unnorm_key` for all.
+    Returns the number of frames evaluated (at most `max_frames`).
+    """
+    evaluated = 0
+    for batch in _batches(frames, batch_size, max_frames):
+        names = [f["dataset_name"] for f in batch]
+        decoded = policy.decode_batch(
+            [f["image"] for f in batch],
+            [f["instruction"] for f in batch],
+            unnorm_key=unnorm_key if unnorm_key is not None else names,
+        )
+        true_ids = policy.action_tokenizer.encode_to_ids(np.stack([f["action"] for f in batch]))
+        metrics.update(
+            names, decoded.token_ids, true_ids, decoded.actions, np.stack([f["raw_action"] for f in batch])
+        )
+        evaluated += len(batch)
+    return evaluated
+
+
+def eval_dataset(
+    policy: VLAPolicy,
+    data_root_dir: Path,
+    data_mix: str,
+    *,
+    split: str = "val",
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 7,
+) -> RLDSDataset:
+    """The frames of `split` for this rank, at the policy's image size, with raw actions.
+
+    `val`: one pass over the val split (or the last 5% of train for datasets without one), in a fixed order,
+    ranks reading disjoint trajectories. `train`: the training stream (shuffled, endless, no augmentation), for
+    a fit check on a sample of it; the caller bounds it with `max_frames`.
+    """
+    from prismatic.vla.datasets import RLDSDataset
+
+    if split not in SPLITS:
+        raise ConfigError(f"Unknown split '{split}'. Valid choices: {', '.join(SPLITS)}.")
+    return RLDSDataset(
+        data_root_dir,
+        data_mix,
+        eval_frame,
+        resize_resolution=tuple(policy.vlm.vision_backbone.default_image_resolution[1:]),
+        shuffle_buffer_size=TRAIN_SAMPLE_SHUFFLE_BUFFER,
+        train=split == "train",
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        keep_raw_action=True,
+    )
+
+
+def check_unnorm_keys(
+    policy: VLAPolicy,
+    dataset_statistics: Mapping[str, Mapping[str, Any]],
+    unnorm_key: str | None,
+    *,
+    data_mix: str,
+) -> int:
+    """Check that every dataset's frames can be un-normalised and have the policy's action size; return it.
+
+    Raises:
+        ConfigError: the policy has no statistics for a dataset (and no `unnorm_key` was given), `unnorm_key`
+            is unknown, or the data's action size differs from the policy's.
+    """
+    if unnorm_key is not None:
+        policy.resolve_unnorm_key(unnorm_key)  # PolicyInputError (a ConfigError) naming the valid keys
+    else:
+        known = list(policy.unnorm_keys)
+        missing = [name for name in dataset_statistics if name not in known]
+        if missing:
+            have = ", ".join(known) if known else "none: it carries no dataset statistics"
+            raise ConfigError(
+                f"The policy has no action statistics for dataset(s) {', '.join(repr(m) for m in missing)} of "
+                f"mixture '{data_mix}', so it cannot un-normalise its actions for them (statistics it has: "
+                f"{have}). Evaluate on datasets it was trained on, or pass --unnorm_key <dataset> to "
+                "un-normalise every frame with that dataset's statistics."
+            )
+    action_dim = 0  # the same for every dataset of a mixture (the pipeline checks)
+    for name, stats in dataset_statistics.items():
+        action_dim = len(stats["action"]["q01"])
+        policy_dim = policy.action_dim(unnorm_key if unnorm_key is not None else name)
+        if action_dim != policy_dim:
+            raise ConfigError(
+                f"Dataset '{name}' has {action_dim}-dim actions but the policy predicts {policy_dim} for it."
+            )
+    return action_dim
+
+
+def _warn_if_statistics_differ(
+    policy: VLAPolicy, dataset_statistics: Mapping[str, Mapping[str, Any]], unnorm_key: str | None
+) -> None:
+    """Token labels use the data's statistics, predictions the policy's: say so when they disagree."""
+    norm_stats = policy.norm_stats or {}
+    for name, stats in dataset_statistics.items():
+        key = unnorm_key if unnorm_key is not None else name
+        ours = norm_stats.get(key, {}).get("action", {})
+        if not all(
+            q in ours and np.allclose(ours[q], stats["action"][q], rtol=1e-5, atol=1e-6)
+            for q in ("q01", "q99")
+        ):
+            logger.warning(
+                "The action statistics of '%s' under the data root differ from the policy's ('%s'): token "
+                "accuracy compares against labels normalised with the data's statistics; L1 / MSE (robot units) "
+                "are unaffected.",
+                name,
+                key,
+            )
+
+
+def evaluate(
+    policy: VLAPolicy,
+    data_root_dir: Path,
+    data_mix: str,
+    *,
+    split: str = "val",
+    batch_size: int = 32,
+    max_frames: int | None = None,
+    unnorm_key: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    reduce_device: torch.device | str = "cpu",
+) -> dict[str, Any]:
+    """Evaluate `policy` on this rank's shard of `split` of `data_mix`, then combine all ranks.
+
+    Collective when `world_size > 1`: call on every rank; every rank returns the same global summary
+    (`EvalMetrics.summary()`). `max_frames` caps the frames of *this rank*; `reduce_device` is where the one
+    `all_reduce` runs (the rank's CUDA device with NCCL).
+
+    Raises:
+        ConfigError: bad mixture / data / split / unnorm key (see `check_unnorm_keys`), `--split train` without
+            `max_frames`, or no frames at all in the split.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
+    if max_frames is not None and max_frames < 1:
+        raise ConfigError(f"max_frames must be >= 1, got {max_frames}.")
+    if split == "train" and max_frames is None:
+        raise ConfigError("--split train streams training frames without end: bound it with --max_frames N.")
+    dataset = eval_dataset(policy, data_root_dir, data_mix, split=split, rank=rank, world_size=world_size)
+    statistics = dataset.dataset_statistics
+    action_dim = check_unnorm_keys(policy, statistics, unnorm_key, data_mix=data_mix)
+    if rank == 0:
+        _warn_if_statistics_differ(policy, statistics, unnorm_key)
+    metrics = EvalMetrics(sorted(statistics), action_dim)
+    evaluated = evaluate_frames(
+        policy, dataset, metrics, batch_size=batch_size, max_frames=max_frames, unnorm_key=unnorm_key
+    )
+    logger.info("Rank %d evaluated %d frames", rank, evaluated)
+    metrics.all_reduce(reduce_device)
+    summary = metrics.summary()
+    if summary["overall"]["num_frames"] == 0:
+        raise ConfigError(
+            f"Split '{split}' of mixture '{data_mix}' under '{data_root_dir}' holds no frames to evaluate."
+        )
+    return summary
+
+
+# === Report ===
+
+
+def _fmt(value: float | None, width: int, spec: str = "#.4g") -> str:
+    return f"{'-' if value is None else format(value, spec):>{width}}"
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The summary as text tables: one row per dataset and overall, then L1 and MSE per action dimension."""
+    rows = [*summary["datasets"].items(), ("overall", summary["overall"])]
+    width = max(12, *(len(name) for name, _ in rows))
+    header = (
+        f"{'dataset':<{width}}  {'frames':>8}  {'token_acc':>9}  {'gripper_acc':>11}  {'L1':>9}  {'MSE':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for name, m in rows:
+        lines.append(
+            f"{name:<{width}}  {m['num_frames']:>8d}  {_fmt(m['action_token_accuracy'], 9, '.4f')}  "
+            f"{_fmt(m['gripper_accuracy'], 11, '.4f')}  {_fmt(m['l1_mean'], 9)}  {_fmt(m['mse_mean'], 9)}"
+        )
+    dims = len(summary["overall"]["l1_per_dim"] or [])
+    for title, key in (
+        ("L1 per action dimension (robot units; last = gripper)", "l1_per_dim"),
+        ("MSE per action dimension (squared robot units; last = gripper)", "mse_per_dim"),
+    ):
+        lines += ["", title]
+        lines.append(f"{'dataset':<{width}}" + "".join(f"  {d:>9d}" for d in range(dims)))
+        for name, m in rows:
+            values = m[key] or [None] * dims
+            lines.append(f"{name:<{width}}" + "".join(f"  {_fmt(v, 9)}" for v in values))
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+r"""Offline evaluation: how well a trained policy predicts the actions of a held-out RLDS split.
+
+    python vla_scripts/evaluate.py --checkpoint runs/demo/checkpoints/step-000300-epoch-01-loss=0.1234.pt \
+        --data_root_dir data/toy [--data_mix toy] [--split val] [--batch_size 32] [--max_frames 1000]
+
+    torchrun --standalone --nnodes 1 --nproc-per-node 8 vla_scripts/evaluate.py --checkpoint runs/<run_id> \
+        --data_root_dir /data/oxe --data_mix bridge
+
+Reports per dataset and overall (definitions in `prismatic/inference/evaluation.py`): action-token accuracy, L1
+and MSE of un-normalised actions per dimension and their means, gripper accuracy (last dimension, open when
+> 0.5: OpenVLA's convention, gripper in [0, 1] with 1 = open) and the number of frames. Prints a table and
+writes JSON: beside a `checkpoints/*.pt` file as `<checkpoint name>.eval-<split>.json`, inside a folder as
+`eval-<split>.json`, in the current folder for a Hub id; `--out` overrides.
+
+`--checkpoint` takes a run folder (its newest checkpoint), one of its `checkpoints/*.pt`, an HF OpenVLA folder
+or a Hub id. `--data_mix` defaults to the run's own mixture (`vla.data_mix` of its config.json). `--split val`
+is the val split, or the last 5% of train for datasets without one; `--split train` samples the training
+stream (needs `--max_frames`). Each frame is un-normalised with its own dataset's statistics from the
+checkpoint; `--unnorm_key` uses one dataset's for all (a dataset the policy was not trained on). Under torchrun
+each rank evaluates a disjoint shard (`--max_frames` caps each rank) and rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import draccus
+
+from prismatic.inference.evaluation import SPLITS
+from prismatic.models.registry import import_plugins
+from prismatic.util.errors import ConfigError
+
+logger = logging.getLogger("vla_scripts.evaluate")
+
+
+@dataclass
+class EvaluateConfig:
+    """Flags of vla_scripts/evaluate.py (examples above)."""
+
+    checkpoint: str  # a run folder, <run>/checkpoints/*.pt, an HF OpenVLA folder, or a Hub id
+    data_root_dir: Path  # folder holding the RLDS datasets (<name>/<version>/)
+    data_mix: str | None = None  # mixture or dataset name; default: the run's own (config.json vla.data_mix)
+    split: str = "val"  # val (held-out) or train (a sample of the training stream; needs --max_frames)
+    unnorm_key: str | None = (
+        None  # un-normalise every frame with this dataset's statistics (default: its own)
+    )
+    batch_size: int = 32  # frames decoded together
+    max_frames: int | None = None  # per rank; default: the whole split
+    out: Path | None = None  # JSON report path (default: next to the checkpoint, see module docstring)
+    device: str | None = None  # default: this rank's GPU, else cpu
+    dtype: str | None = None  # float32 / bfloat16 / float16; default bf16 on GPU, fp32 on CPU
+    constrained: bool = True  # decode action-token ids only (false: OpenVLA's unconstrained greedy decoding)
+    hf_token: str | None = None  # for gated Hub repos
+
+
+def _local_checkpoint(checkpoint: str) -> Path | None:
+    """The checkpoint as a local path when it names one (else it is a Hub / registry id)."""
+    path = Path(checkpoint).expanduser()
+    return path if path.exists() else None
+
+
+def _looks_like_path(checkpoint: str) -> bool:
+    """A local file or folder for sure: a Hub id is `org/name[/subfolder]` and never a `.pt` file."""
+    return checkpoint.endswith(".pt") or checkpoint.startswith(("/", ".", "~")) or checkpoint.count("/") > 2
+
+
+def run_folder_of(checkpoint: Path) -> Path:
+    """The run folder of a `checkpoints/*.pt` file, or the folder itself."""
+    return checkpoint.parent.parent if checkpoint.is_file() else checkpoint
+
+
+def run_data_mix(checkpoint: Path) -> str | None:
+    """The mixture the run was trained on (`vla.data_mix` of its config.json), if it says."""
+    config_file = run_folder_of(checkpoint) / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError:
+        return None
+    vla = config.get("vla") if isinstance(config, dict) else None
+    data_mix = vla.get("data_mix") if isinstance(vla, dict) else None
+    return data_mix if isinstance(data_mix, str) else None
+
+
+def default_out_path(checkpoint: str, split: str) -> Path:
+    """Where the JSON report goes without `--out` (see module docstring)."""
+    local = _local_checkpoint(checkpoint)
+    if local is None:
+        return Path(f"{checkpoint.replace('/', '--')}.eval-{split}.json")
+    if local.is_file():
+        return local.with_name(f"{local.stem}.eval-{split}.json")
+    return local / f"eval-{split}.json"
+
+
+def resolve_data_mix(cfg: EvaluateConfig) -> str:
+    """`--data_mix`, else the run's own mixture."""
+    if cfg.data_mix is not None:
+        return cfg.data_mix
+    local = _local_checkpoint(cfg.checkpoint)
+    data_mix = run_data_mix(local) if local is not None else None
+    if data_mix is None:
+        raise ConfigError(
+            f"--checkpoint '{cfg.checkpoint}' does not say which mixture it was trained on (no run folder "
+            "config.json with vla.data_mix): pass --data_mix <mixture or dataset>."
+        )
+    return data_mix
+
+
+def check_config(cfg: EvaluateConfig) -> None:
+    """Reject bad flags before anything heavy loads."""
+    if _local_checkpoint(cfg.checkpoint) is None and _looks_like_path(cfg.checkpoint):
+        raise ConfigError(f"--checkpoint '{cfg.checkpoint}' does not exist.")
+    if cfg.split not in SPLITS:
+        raise ConfigError(f"Unknown --split '{cfg.split}'. Valid choices: {', '.join(SPLITS)}.")
+    if cfg.split == "train" and cfg.max_frames is None:
+        raise ConfigError("--split train streams training frames without end: bound it with --max_frames N.")
+    if cfg.batch_size < 1:
+        raise ConfigError(f"--batch_size must be >= 1, got {cfg.batch_size}.")
+    if cfg.max_frames is not None and cfg.max_frames < 1:
+        raise ConfigError(f"--max_frames must be >= 1, got {cfg.max_frames}.")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write the JSON report atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
+    """Load, evaluate this rank's shard, combine ranks; rank 0 prints the table and writes the JSON.
+
+    Collective under torchrun (every rank calls it). Returns the report (on every rank).
+    """
+    check_config(cfg)  # before the heavy imports: a typo costs no model or TensorFlow start-up
+    data_mix = resolve_data_mix(cfg)
+
+    from prismatic.vla.datasets.rlds import mixture_statistics, resolve_mixture_dirs
+
+    # An unknown mixture or missing datasets fail here, before the model loads.
+    resolve_mixture_dirs(cfg.data_root_dir, data_mix)
+
+    from prismatic.inference import load_policy
+    from prismatic.inference.evaluation import evaluate, format_summary
+    from prismatic.util.dist import destroy_distributed, init_distributed, run_once_per_node
+    from prismatic.util.logging import setup_logging
+
+    dist_info = init_distributed()
+    try:
+        setup_logging(dist_info.rank)
+        policy = load_policy(
+            cfg.checkpoint,
+            device=cfg.device or dist_info.device,
+            dtype=cfg.dtype,
+            hf_token=cfg.hf_token,
+            constrained=cfg.constrained,
+        )
+        logger.info(
+            "Policy %s on %s (%s); evaluating on '%s' split %s",
+            cfg.checkpoint,
+            policy.device,
+            policy.dtype,
+            data_mix,
+            cfg.split,
+        )
+        # Statistics (needed to normalise labels) are computed once per node if not cached yet.
+        run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, data_mix), dist_info)
+        summary = evaluate(
+            policy,
+            cfg.data_root_dir,
+            data_mix,
+            split=cfg.split,
+            batch_size=cfg.batch_size,
+            max_frames=cfg.max_frames,
+            unnorm_key=cfg.unnorm_key,
+            rank=dist_info.rank,
+            world_size=dist_info.world_size,
+            reduce_device=dist_info.device,
+        )
+        report = {
+            "checkpoint": cfg.checkpoint,
+            "data_root_dir": str(cfg.data_root_dir),
+            "data_mix": data_mix,
+            "split": cfg.split,
+            "unnorm_key": cfg.unnorm_key,
+            "world_size": dist_info.world_size,
+            "max_frames_per_rank": cfg.max_frames,
+            "constrained": cfg.constrained,
+            "dtype": str(policy.dtype).removeprefix("torch."),
+            **summary,
+        }
+        if dist_info.is_main:
+            out = cfg.out or default_out_path(cfg.checkpoint, cfg.split)
+            write_report(out, report)
+            print(f"\nEvaluation of {cfg.checkpoint} on '{data_mix}' (split {cfg.split})\n", flush=True)
+            print(format_summary(summary), flush=True)
+            print(f"\nWrote {out}", flush=True)
+    finally:
+        destroy_distributed()
+    return report
+
+
+def main() -> None:
+    try:
+        args = import_plugins(sys.argv[1:])
+        if "-h" in args or "--help" in args:
+            print(__doc__)  # the examples; draccus lists the flags below
+        cfg = draccus.parse(config_class=EvaluateConfig, args=args)
+        evaluate_checkpoint(cfg)
+    except ConfigError as e:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"\nerror: {e}\n", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
