@@ -168,7 +168,9 @@ class VLAPolicy:
                 f"This policy was trained on several datasets: pass unnorm_key, one of {', '.join(keys)}."
             )
         if not isinstance(unnorm_key, str) or unnorm_key not in self.norm_stats:
-            raise PolicyInputError(f"Unknown unnorm_key {unnorm_key!r}: valid keys are {', '.join(keys)}.")
+            shown = repr(unnorm_key)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."  # a client may send anything
+            raise PolicyInputError(f"Unknown unnorm_key {shown}: valid keys are {', '.join(keys)}.")
         return unnorm_key
 
     def action_dim(self, unnorm_key: str | None = None) -> int:
