@@ -9,16 +9,21 @@ Layout: `<run_dir>/checkpoints/step-{step:06d}-epoch-{epoch:02d}-loss={loss:.4f}
 
 The model weights are the full, unsharded state dict grouped by module key (Prismatic's layout), so
 `torch.load(path, weights_only=True)["model"]` loads them without any distributed set-up. Everything else is
-what resuming needs. Files are written to a temporary name, fsynced and renamed into place: a crash or Ctrl-C
-never leaves a half-written file under a checkpoint's name.
+what resuming needs. Files are written to a temporary name, fsynced and renamed into place
+(`prismatic.util.files.atomic_write`): a crash, a Ctrl-C or a full disk never leaves a half-written file under a
+checkpoint's name, and the file gets the umask's normal permissions (group-readable under 022).
+
+Resuming keeps the experiment: `check_resume_compatible` refuses a different `--vla.type` or `--seed` than the
+checkpoint's `train_state` unless `--allow_config_change true` is given.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
+import pickle
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -45,24 +51,20 @@ def checkpoint_name(step: int, epoch: int, loss: float) -> str:
     return f"step-{step:06d}-epoch-{epoch:02d}-loss={loss_text}.pt"
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """`torch.save` to `path` via a temporary file in the same folder, fsync and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+def atomic_torch_save(obj: Any, path: Path, what: str = "checkpoint") -> None:
+    """`torch.save` to `path` atomically (temporary file beside it, fsync, rename; see `atomic_write`).
+
+    Raises:
+        ConfigError: the file could not be written (full disk, read-only folder, ...); nothing is left behind.
+    """
+    with atomic_write(path, what) as f:
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            torch.save(obj, f)
+        except RuntimeError as e:
+            # torch's zip writer hides a failed write (full disk) behind its own error while closing the archive.
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
 
 
 def group_by_module(flat: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -78,15 +80,99 @@ def flatten_modules(grouped: dict[str, dict[str, torch.Tensor]]) -> dict[str, to
     return {f"{module}.{name}": t for module, sd in grouped.items() for name, t in sd.items()}
 
 
+def _not_ours(path: Path, detail: str) -> ConfigError:
+    return ConfigError(
+        f"Cannot read checkpoint '{path}': it is not a checkpoint written by this tool, or it is truncated or "
+        f"damaged ({detail}). Checkpoints are the step-*.pt files in <run_dir>/checkpoints/; if this one was cut "
+        "short by a full disk or an interrupted copy, use an earlier checkpoint."
+    )
+
+
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """Load a checkpoint safely (`weights_only=True`, memory-mapped); a clear error if it is not ours."""
+    """Load a checkpoint safely (`weights_only=True`, memory-mapped).
+
+    Raises:
+        ConfigError: `path` is missing, a folder, or not a checkpoint of this tool (random bytes, a truncated
+            copy, a pickle of arbitrary objects, a file without `model`). The message never quotes torch's
+            zip / pickle internals.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"Checkpoint '{path}' does not exist.")
+    if path.is_dir():
+        raise ConfigError(
+            f"Checkpoint '{path}' is a folder; pass one of its checkpoints/step-*.pt files (a run folder is "
+            "accepted where a model is loaded, not where a run is resumed)."
+        )
+    size = path.stat().st_size
+    if size == 0:
+        raise _not_ours(path, "the file is empty (0 bytes)")
+    if not zipfile.is_zipfile(path):
+        raise _not_ours(
+            path, f"its {size} bytes are not a torch.save archive (or the archive's end is missing)"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 (any unreadable file is the same user error)
-        raise ConfigError(f"Cannot read checkpoint '{path}': {e}") from e
+    except pickle.UnpicklingError as e:
+        raise _not_ours(
+            path,
+            "it holds Python objects other than tensors and plain containers (refused: unpickling them "
+            "could run code)",
+        ) from e
+    except Exception as e:  # noqa: BLE001 (any unreadable archive is the same user error)
+        raise _not_ours(path, "its archive cannot be read") from e
     if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise ConfigError(f"'{path}' is not a checkpoint of this tool (no 'model' entry).")
+        raise _not_ours(path, "it holds no 'model' entry")
     return ckpt
+
+
+def saved_train_state(ckpt: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The checkpoint's `train_state`, or a `ConfigError` saying that it cannot be resumed."""
+    for key in ("optimizer", "lr_scheduler", "train_state"):
+        if key not in ckpt:
+            raise ConfigError(
+                f"Checkpoint '{path}' holds no '{key}', so its run cannot be resumed; pass --is_resume false "
+                "to start a new run from its weights."
+            )
+    return dict(ckpt["train_state"])
+
+
+def check_resume_compatible(
+    saved: Mapping[str, Any], *, vla_id: str, seed: int, path: Path, allow_config_change: bool
+) -> list[str]:
+    """Refuse to resume a run as a different experiment: another `--vla.type` or `--seed` than the checkpoint's.
+
+    Either would silently continue the old run's name, logs and W&B run with another recipe or data order.
+    Keys missing from an older checkpoint's `train_state` are not checked.
+
+    Returns:
+        the differences found (logged as a warning) when `allow_config_change` is set; [] when there are none.
+    Raises:
+        ConfigError: naming each difference and the flags that continue the run as it was.
+    """
+    differences, fixes = [], []
+    if "vla_id" in saved and saved["vla_id"] != vla_id:
+        differences.append(f"--vla.type {vla_id} (the checkpoint's run used {saved['vla_id']})")
+        fixes.append(f"--vla.type {saved['vla_id']}")
+    if "seed" in saved and saved["seed"] != seed:
+        differences.append(f"--seed {seed} (the checkpoint's run used {saved['seed']})")
+        fixes.append(f"--seed {saved['seed']}")
+    if not differences:
+        return []
+    if allow_config_change:
+        logger.warning(
+            "Resuming from %s with %s, as --allow_config_change asks: the continued run is not the run that was "
+            "checkpointed.",
+            path,
+            " and ".join(differences),
+        )
+        return differences
+    raise ConfigError(
+        f"Refusing to resume from '{path}' with {' and '.join(differences)}: the run would continue under the same "
+        "name, logs and W&B run as a different experiment (another recipe or data order). Pass "
+        f"{' '.join(fixes)} to continue it as it was, --is_resume false to start a new run from its weights, or "
+        "--allow_config_change true to resume with the new values anyway."
+    )
 
 
 class Checkpointer:
@@ -149,14 +235,9 @@ class Checkpointer:
         path: Path,
     ) -> dict[str, Any]:
         """Restore optimizer and scheduler; return the saved train_state. Collective: call on every rank."""
-        for key in ("optimizer", "lr_scheduler", "train_state"):
-            if key not in ckpt:
-                raise ConfigError(
-                    f"Checkpoint '{path}' holds no '{key}', so its run cannot be resumed; pass --is_resume false "
-                    "to start a new run from its weights."
-                )
+        train_state = saved_train_state(ckpt, path)
         set_optimizer_state_dict(
             model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True)
         )
         lr_scheduler.load_state_dict(ckpt["lr_scheduler"])
-        return dict(ckpt["train_state"])
+        return train_state

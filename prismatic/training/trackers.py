@@ -2,18 +2,22 @@
 
 Only rank 0 tracks. Both continue, rather than restart, when a run is resumed: the jsonl file is cut back to the
 resumed step and appended to; the W&B run id is kept in the run folder and the same W&B run is resumed.
+Secrets stay out of W&B: its config has them blanked and the command line it records has their values redacted
+(`prismatic/util/redact.py`). A metrics log that cannot be written (full disk) is a `ConfigError` naming it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
 import jsonlines
+
+from prismatic.util.files import atomic_write, write_error, write_text_atomic
+from prismatic.util.redact import argv_redacted, redact_config
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +41,18 @@ class JSONLinesTracker:
             keep_until = resume_step if resume_step is not None else -1
             with jsonlines.open(self.path) as reader:
                 kept = [r for r in reader.iter(skip_invalid=True) if r.get("step", 0) <= keep_until]
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with jsonlines.open(tmp, mode="w") as writer:
-                writer.write_all(kept)
-            os.replace(tmp, self.path)
-        self._writer = jsonlines.open(self.path, mode="a", flush=True)
+            with atomic_write(self.path, "metrics log", text=True) as f:
+                jsonlines.Writer(f).write_all(kept)
+        try:
+            self._writer = jsonlines.open(self.path, mode="a", flush=True)
+        except OSError as e:
+            raise write_error(self.path, "metrics log", e) from e
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._writer.write({"step": step, **metrics})
+        try:
+            self._writer.write({"step": step, **metrics})
+        except OSError as e:
+            raise write_error(self.path, f"metrics of step {step}", e) from e
 
     def finish(self) -> None:
         self._writer.close()
@@ -67,16 +75,17 @@ class WandBTracker:
         id_file = run_dir / WANDB_ID_FILE
         # W&B ids are short lowercase alphanumerics; keeping ours in the run folder lets a resume find it.
         wandb_id = id_file.read_text().strip() if (resume and id_file.exists()) else uuid.uuid4().hex[:12]
-        id_file.write_text(wandb_id + "\n")
-        self._run = wandb.init(
-            project=project,
-            entity=entity,
-            name=run_id,
-            id=wandb_id,
-            resume="allow",
-            dir=str(run_dir),
-            config=config,
-        )
+        write_text_atomic(id_file, wandb_id + "\n", "W&B run id")
+        with argv_redacted():  # W&B records the command line in the run's metadata
+            self._run = wandb.init(
+                project=project,
+                entity=entity,
+                name=run_id,
+                id=wandb_id,
+                resume="allow",
+                dir=str(run_dir),
+                config=redact_config(config),
+            )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._run.log(metrics, step=step)

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from prismatic.training import checkpointing
 from prismatic.training.checkpointing import (
     atomic_torch_save,
     checkpoint_name,
@@ -38,7 +37,7 @@ def test_atomic_save_keeps_previous_file_when_interrupted(tmp_path: Path, monkey
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpointing.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)  # the rename of prismatic.util.files.atomic_write
     with pytest.raises(KeyboardInterrupt):
         atomic_torch_save({"model": {"w": torch.zeros(3)}}, path)
     assert torch.equal(torch.load(path, weights_only=True)["model"]["w"], torch.ones(3))
@@ -51,7 +50,7 @@ def test_loading_a_foreign_file_is_a_clear_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="Cannot read checkpoint"):
         load_checkpoint_file(bad)
     torch.save({"weights": 1}, bad)
-    with pytest.raises(ConfigError, match="not a checkpoint of this tool"):
+    with pytest.raises(ConfigError, match="not a checkpoint written by this tool"):
         load_checkpoint_file(bad)
 
 

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 from prismatic.models.backbones.llm.prompting.base_prompter import PromptBuilder
 from prismatic.util.constants import IGNORE_INDEX
 from prismatic.vla.action_tokenizer import ActionTokenizer
-from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset, tfrecord_errors
 from prismatic.vla.prompt import action_prompt_ids
 
 ImageTransform = Callable[[Image.Image], torch.Tensor | dict[str, torch.Tensor]]
@@ -252,6 +252,7 @@ class RLDSDataset(IterableDataset):
         self.sample_weights = pipeline.sample_weights
         self.num_transitions = pipeline.num_transitions
         self.shuffle_buffer_gb = pipeline.shuffle_buffer_gb
+        self.dataset_dirs = pipeline.dataset_dirs
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         worker = get_worker_info()
@@ -261,9 +262,10 @@ class RLDSDataset(IterableDataset):
             )
         # Frames leave tf.data in groups: one NumPy conversion per group instead of per frame (~15% more frames/s
         # on 2 cores); each frame is then a view into its group's arrays.
-        for group in self.dataset.batch(FRAMES_PER_FETCH).as_numpy_iterator():
-            for index in range(len(group["action"])):
-                yield self.batch_transform(_frame_at(group, index))
+        with tfrecord_errors(self.dataset_dirs):  # a damaged TFRecord is named, not a TensorFlow traceback
+            for group in self.dataset.batch(FRAMES_PER_FETCH).as_numpy_iterator():
+                for index in range(len(group["action"])):
+                    yield self.batch_transform(_frame_at(group, index))
 
     def __len__(self) -> int:
         return self.num_transitions

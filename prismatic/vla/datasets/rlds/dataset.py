@@ -15,6 +15,10 @@ the frame's position in the stream, so a given (seed, rank, world_size) always y
 when the same dataset object is iterated again), and `start_sample=N` yields exactly that stream minus its
 first N frames. Parallel maps keep their order (`options.deterministic = True`).
 
+Damaged data is named, not dumped as a TensorFlow traceback: a dataset folder without its version folder or
+with unreadable metadata is a `ConfigError` naming the folder, and a corrupt, truncated or missing TFRecord file
+met while reading (`tfrecord_errors`) is a `ConfigError` naming that file.
+
 Each yielded frame (as NumPy via `.as_numpy_iterator()`):
     {"observation": {"image_primary": uint8[H, W, 3], "proprio": float32[8]},
      "task": {"language_instruction": bytes}, "action": float32[7] (normalised), "dataset_name": bytes}
@@ -23,13 +27,15 @@ plus "raw_action" (the standardised action before normalisation, same shape) whe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
 import re
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +84,8 @@ class RLDSPipeline:
         sample_weights: {dataset_name: probability that a frame comes from it}.
         num_transitions: train transitions summed over the mixture (one "epoch" of the mixture).
         shuffle_buffer_gb: estimated host memory (GiB) of the full shuffle buffer; 0 when not training.
+        dataset_dirs: the dataset folders read; iterate `dataset` inside `tfrecord_errors(dataset_dirs)` to have
+            a damaged file named.
     """
 
     dataset: Any
@@ -85,17 +93,27 @@ class RLDSPipeline:
     sample_weights: dict[str, float]
     num_transitions: int
     shuffle_buffer_gb: float = 0.0
+    dataset_dirs: list[Path] = field(default_factory=list)
 
 
 # === Locating and reading datasets ===
+
+
+class DatasetNotFoundError(ConfigError):
+    """No folder `<data_root_dir>/<name>/` at all (a mixture may skip such datasets when asked)."""
+
+
+def _version_key(folder: Path) -> tuple[int, ...]:
+    return tuple(int(p) for p in folder.name.split("."))
 
 
 def find_dataset_dir(data_root_dir: Path, name: str) -> Path:
     """`<data_root_dir>/<name>/<highest version>`, the folder tfds wrote.
 
     Raises:
-        ConfigError: `data_root_dir` is missing, or holds no prepared version of `name` (the message lists what
-            is there).
+        ConfigError: `data_root_dir` is missing; or `<name>/` exists but holds no prepared version folder (the
+            message says what it holds and how to fix it).
+        DatasetNotFoundError: there is no `<name>/` (the message lists the datasets that are there).
     """
     root = Path(data_root_dir)
     if not root.is_dir():
@@ -104,22 +122,104 @@ def find_dataset_dir(data_root_dir: Path, name: str) -> Path:
             f"datasets there with `python vla_scripts/build_toy_dataset.py --data_root_dir {root}`."
         )
     dataset_root = root / name
-    versions = (
-        [
-            d
-            for d in dataset_root.iterdir()
-            if d.is_dir() and _VERSION_RE.fullmatch(d.name) and (d / "dataset_info.json").is_file()
-        ]
-        if dataset_root.is_dir()
-        else []
-    )
-    if not versions:
+    if not dataset_root.is_dir():
         present = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-        raise ConfigError(
+        raise DatasetNotFoundError(
             f"RLDS dataset '{name}' not found under data_root_dir '{root}' (expected '{dataset_root}/<version>/"
             f"dataset_info.json'). Datasets present: {', '.join(present) or 'none'}."
         )
-    return max(versions, key=lambda d: tuple(int(p) for p in d.name.split(".")))
+    version_dirs = [d for d in dataset_root.iterdir() if d.is_dir() and _VERSION_RE.fullmatch(d.name)]
+    versions = [d for d in version_dirs if (d / "dataset_info.json").is_file()]
+    if versions:
+        return max(versions, key=_version_key)
+    entries = sorted(p.name for p in dataset_root.iterdir() if not p.name.startswith("."))
+    shown = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "")
+    if version_dirs:
+        problem = (
+            f"its version folder(s) {', '.join(sorted(d.name for d in version_dirs))} hold no dataset_info.json "
+            "(an interrupted download or conversion?). Download or convert the dataset again."
+        )
+    elif any(".tfrecord" in e or e in ("dataset_info.json", "features.json") for e in entries):
+        problem = (
+            f"its files ({shown}) lie directly in it. Move them into a version folder named as in their "
+            f"dataset_info.json, e.g. '{dataset_root}/1.0.0/'."
+        )
+    else:
+        problem = f"it holds {shown or 'nothing'}."
+    raise ConfigError(
+        f"RLDS dataset folder '{dataset_root}' has no version folder: tfds datasets are read from "
+        f"'<data_root_dir>/{name}/<version>/' (e.g. '1.0.0/', holding dataset_info.json, features.json and the "
+        f".tfrecord files), but {problem}"
+    )
+
+
+def load_builder(dataset_dir: Path) -> Any:
+    """`tfds.builder_from_directory(dataset_dir)`, with a `ConfigError` naming the folder when its metadata
+    (dataset_info.json, features.json) cannot be read."""
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    try:
+        return tfds.builder_from_directory(str(dataset_dir))
+    except Exception as e:  # noqa: BLE001 (json, protobuf, tf and tfds errors alike: damaged metadata)
+        raise ConfigError(
+            f"Cannot read the RLDS dataset metadata in '{dataset_dir}' (dataset_info.json / features.json: "
+            f"{_short_tf_message(e)}). Download or convert the dataset again."
+        ) from e
+
+
+def _short_tf_message(error: BaseException) -> str:
+    """TensorFlow's message without its op / function-node decorations."""
+    text = getattr(error, "message", None) or str(error) or type(error).__name__
+    text = re.sub(r"\{\{[^}]*\}\}", "", text)
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S)
+    return " ".join(text.split()).strip(" '")
+
+
+def find_corrupt_tfrecords(dataset_dirs: Sequence[Path]) -> list[tuple[Path, str]]:
+    """(file, TensorFlow's reason) for every TFRecord file of `dataset_dirs` that cannot be read to its end
+    (truncated, corrupted, not a TFRecord). Reads every record: meant for the error path only."""
+    tf = import_tensorflow()
+    bad = []
+    for folder in dataset_dirs:
+        for path in sorted(Path(folder).glob("*.tfrecord*")):
+            try:
+                tf.data.TFRecordDataset(str(path)).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+            except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+                bad.append((path, _short_tf_message(e)))
+    return bad
+
+
+@contextlib.contextmanager
+def tfrecord_errors(dataset_dirs: Sequence[Path]) -> Iterator[None]:
+    """Within the block, a TFRecord that cannot be read becomes a `ConfigError` naming the file.
+
+    TensorFlow's own error names a byte offset but not the file; on that (rare) path every TFRecord file of
+    `dataset_dirs` is checked to find it.
+    """
+    tf = import_tensorflow()
+    try:
+        yield
+    except tf.errors.NotFoundError as e:
+        reason = _short_tf_message(e)
+        raise ConfigError(
+            f"An RLDS data file is missing: {reason}. It is listed in its dataset's dataset_info.json, so the "
+            "download or conversion is incomplete: download or convert the dataset again."
+        ) from e
+    except tf.errors.DataLossError as e:
+        bad = find_corrupt_tfrecords(dataset_dirs)
+        if not bad:
+            raise ConfigError(
+                f"A TFRecord file under {', '.join(repr(str(d)) for d in dataset_dirs)} could not be read "
+                f"({_short_tf_message(e)}). Download or convert the dataset again."
+            ) from e
+        files = "; ".join(f"'{path}' ({reason})" for path, reason in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ConfigError(
+            f"Corrupt or truncated TFRecord file{'s' if len(bad) > 1 else ''}: {files}{more}. An interrupted "
+            "download or copy, or a full disk when it was written, leaves such files: download, copy or convert "
+            "that dataset again."
+        ) from e
 
 
 def _skip_image_decoding(features: Any) -> Any:
@@ -267,7 +367,8 @@ def _dataset_statistics(builder: Any, dataset_dir: Path, config: RLDSDatasetConf
         trajectories = _read_trajectories(builder, split, config, parallelism=os.cpu_count() or 1).map(
             lambda traj: {"action": traj["action"], "proprio": traj["observation"]["proprio"]}
         )
-        return compute_statistics(trajectories.as_numpy_iterator())
+        with tfrecord_errors([dataset_dir]):
+            return compute_statistics(trajectories.as_numpy_iterator(), dataset_name=config.name)
 
     statistics, _ = load_or_compute_statistics(dataset_dir, stats_hash, compute)
     return statistics
@@ -301,13 +402,11 @@ def mixture_statistics(
     TensorFlow releases the GIL, and each dataset's read already decodes in parallel inside tf.data.
     """
     import_tensorflow()
-    import tensorflow_datasets as tfds
-
     members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
 
     def one(member: tuple[RLDSDatasetConfig, float, Path]) -> tuple[str, dict[str, Any]]:
         config, _, dataset_dir = member
-        builder = tfds.builder_from_directory(str(dataset_dir))
+        builder = load_builder(dataset_dir)
         return config.name, with_action_mask(_dataset_statistics(builder, dataset_dir, config), config)
 
     workers = max(1, min(len(members), num_workers or os.cpu_count() or 1))
@@ -325,7 +424,8 @@ def resolve_mixture_dirs(
 
     Raises:
         ConfigError: the mixture is unknown, `data_root_dir` is missing, or datasets of the mixture are missing
-            (all of them are named) and `skip_missing_datasets` is False; or none is present at all.
+            (all of them are named) and `skip_missing_datasets` is False; or none is present at all; or a
+            dataset's folder is there but holds no prepared version (never skipped: it needs fixing).
     """
     mixture = get_mixture(data_mix)
     root = Path(data_root_dir)
@@ -335,7 +435,7 @@ def resolve_mixture_dirs(
     for name, weight in mixture:
         try:
             found.append((get_dataset_config(name), weight, find_dataset_dir(root, name)))
-        except ConfigError:
+        except DatasetNotFoundError:
             missing.append(name)
     if missing and (not skip_missing_datasets or not found):
         present = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -381,12 +481,14 @@ def estimate_frame_bytes(
     the `ALLOCATOR_OVERHEAD` measured for those allocations.
     """
     total, count = 0, 0
-    for traj in _read_trajectories(builder, split, config).take(num_trajectories).as_numpy_iterator():
-        num_steps = len(traj["action"])
-        total += sum(len(b) for b in traj["observation"]["image_primary"])
-        total += sum(len(b) for b in traj["task"]["language_instruction"]) + num_steps * len(config.name)
-        total += traj["action"].nbytes + traj["observation"]["proprio"].nbytes
-        count += num_steps
+    trajectories = _read_trajectories(builder, split, config).take(num_trajectories)
+    with tfrecord_errors([Path(builder.data_dir)]):
+        for traj in trajectories.as_numpy_iterator():
+            num_steps = len(traj["action"])
+            total += sum(len(b) for b in traj["observation"]["image_primary"])
+            total += sum(len(b) for b in traj["task"]["language_instruction"]) + num_steps * len(config.name)
+            total += traj["action"].nbytes + traj["observation"]["proprio"].nbytes
+            count += num_steps
     return (total / max(count, 1) + FRAME_OVERHEAD_BYTES) * ALLOCATOR_OVERHEAD
 
 
@@ -576,7 +678,7 @@ def make_interleaved_dataset(
 
     datasets, statistics, frame_bytes = [], {}, []
     for index, (config, _, dataset_dir) in enumerate(members):
-        builder = tfds.builder_from_directory(str(dataset_dir))
+        builder = load_builder(dataset_dir)
         stats = _dataset_statistics(builder, dataset_dir, config)
         statistics[config.name] = with_action_mask(stats, config)
 
@@ -685,4 +787,5 @@ def make_interleaved_dataset(
         sample_weights={c.name: float(w) for c, w in zip(configs, weights, strict=True)},
         num_transitions=int(sum(sizes)),
         shuffle_buffer_gb=shuffle_buffer_gb,
+        dataset_dirs=[dataset_dir for _, _, dataset_dir in members],
     )

@@ -3,10 +3,17 @@
 `write_rlds_dataset` defines a throw-away tfds builder for one feature spec and prepares it under
 `<data_root_dir>/<name>/<version>/`. Used by `vla_scripts/convert_to_rlds.py` (users' own data) and by the tests,
 which write tiny datasets with the real raw feature spec of Open-X datasets.
+
+The dataset is prepared in a hidden temporary folder beside its target and moved into place when complete, so
+an error, a Ctrl-C or a full disk leaves neither a half-written dataset nor (with `overwrite`) a lost old one.
+A folder that cannot be written is a `ConfigError` naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from prismatic.util.errors import ConfigError
+from prismatic.util.files import check_dir_writable, make_dirs, write_error
 from prismatic.util.tf import import_tensorflow
 
 Episode = dict[str, Any]  # {"steps": [step dict, ...], "episode_metadata": {...}} (plus any episode fields)
@@ -53,6 +62,7 @@ def write_rlds_dataset(
     num_shards: int = 1,
     description: str = "",
     overwrite: bool = False,
+    keep_existing: bool = True,
 ) -> Path:
     """Write `<data_root_dir>/<name>/<version>/` (tfrecord shards + dataset_info.json); return that folder.
 
@@ -62,16 +72,28 @@ def write_rlds_dataset(
         splits: split name -> a callable returning that split's episodes (generated lazily, so a large
             conversion streams instead of holding every episode in memory).
         num_shards: tfrecord files per split.
-        overwrite: replace an existing version folder (otherwise it is kept and returned as is).
+        overwrite: replace an existing version folder (only once the new one is complete).
+        keep_existing: without `overwrite`, return an existing version folder as is (tests, benchmarks: build
+            once); False refuses it (a user's conversion must not report old data as written).
+
+    Raises:
+        ConfigError: the version folder exists and neither `overwrite` nor `keep_existing` is set; or the folder
+            cannot be written (a file in its path, read-only or full disk); the target is then unchanged.
     """
-    import_tensorflow()
+    tf = import_tensorflow()
     import tensorflow_datasets as tfds
 
-    target = Path(data_root_dir) / name / version
-    if (target / "dataset_info.json").exists():
-        if not overwrite:
+    data_root_dir = Path(data_root_dir)
+    target = data_root_dir / name / version
+    if (target / "dataset_info.json").exists() and not overwrite:
+        if keep_existing:
             return target
-        shutil.rmtree(target)
+        raise ConfigError(
+            f"'{target}' already holds an RLDS dataset. Pass --overwrite to replace it (the old one is kept until "
+            "the new one is complete), or choose another --name or --version."
+        )
+    check_dir_writable(target.parent, "RLDS dataset folder")
+    make_dirs(target.parent, "RLDS dataset")
 
     class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version(version)
@@ -89,12 +111,40 @@ def write_rlds_dataset(
                 yield f"{split}_{index:06d}", episode
 
     builder_cls = type(name, (_Builder,), {"name": name, "__module__": __name__}, skip_registration=True)
+    staging = target.parent / f".{version}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     download_dir = Path(tempfile.mkdtemp(prefix="rlds_writer_"))
     try:
-        builder_cls(data_dir=str(data_root_dir)).download_and_prepare(
+        builder_cls(data_dir=str(staging)).download_and_prepare(
             download_dir=str(download_dir),
             download_config=tfds.download.DownloadConfig(try_download_gcs=False, num_shards=num_shards),
         )
+        _move_into_place(staging / name / version, target)
+    except OSError as e:
+        raise write_error(target, "RLDS dataset", e) from e
+    except tf.errors.OpError as e:  # tfds writes through tf.io.gfile
+        raise ConfigError(
+            f"Could not write the RLDS dataset to '{target}': {e.message.strip()}. Nothing was written there (a "
+            "previous dataset of that name is unchanged). Free space, or choose a writable --data_root_dir."
+        ) from e
     finally:
         shutil.rmtree(download_dir, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a `<name>/` made for a conversion that failed
+            target.parent.rmdir()
     return target
+
+
+def _move_into_place(new: Path, target: Path) -> None:
+    """Rename the complete `new` folder to `target`, replacing an old one only after the new one is in place."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+        os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
