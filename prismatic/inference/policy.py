@@ -344,5 +344,5 @@ def load_policy(
     from prismatic.models.loading import load_vla
 
     device, dtype = resolve_device_dtype(device, dtype)
-    loaded = load_vla(path_or_id, hf_token=hf_token)
+    loaded = load_vla(path_or_id, hf_token=hf_token, dtype=dtype)  # streamed into `dtype`: one copy in memory
     return VLAPolicy(loaded.vlm, loaded.norm_stats, loaded.source, device, dtype, constrained=constrained)

@@ -1,36 +1,48 @@
 """Load a VLM / VLA from wherever it lives: a registry id, a Prismatic run folder, an HF OpenVLA folder, or the
 Hugging Face Hub.
 
-    load(model_id_or_path, hf_token=None) -> PrismaticVLM
-    load_vla(model_id_or_path, hf_token=None) -> LoadedVLA(vlm, norm_stats, source)
+    load(model_id_or_path, hf_token=None, dtype=None) -> PrismaticVLM
+    load_vla(model_id_or_path, hf_token=None, dtype=None) -> LoadedVLA(vlm, norm_stats, source)
 
 Sources, tried in this order:
-- an existing folder with an HF OpenVLA `config.json` (`model_type` "openvla" / "prismatic"): weights from its
-  safetensors shards, LLM config and tokenizer from the folder;
+- an existing folder with an HF OpenVLA `config.json` (`model_type` "openvla" / "prismatic"): the architecture from
+  its config (ViTs from `timm_model_ids`, LLM from `text_config`, tokenizer from the folder), weights from its
+  safetensors shards;
 - an existing folder with `config.json` and `checkpoints/` (TRI-ML's Prismatic layout, OpenVLA's run folders and
   ours): the architecture from `config.json` (`{"model": {...}}` or `{"vla": {"base_vlm": ...}}`), weights from
-  `checkpoints/latest-checkpoint.pt` (else the newest `step-*.pt`); parts the checkpoint does not hold (a frozen
-  vision backbone) keep their pretrained weights; a LoRA run's adapters are merged into plain weights;
+  `checkpoints/latest-checkpoint.pt` (else the newest `step-*.pt`). A run that started from a folder or Hub id
+  (`vla.base_vlm`) takes its architecture, LLM config and tokenizer from that checkpoint (a Hub id from the local
+  cache, config and tokenizer files only): the base LLM is never downloaded again. Parts the checkpoint does not hold
+  (a frozen vision backbone) keep the weights of the model the run started from; a LoRA run's adapters are merged;
 - a `<run folder>/checkpoints/*.pt` file: that checkpoint of the run, as above;
 - a base-VLM registry id: `build_vlm` (pretrained backbones);
 - otherwise a Hub repo id ("openvla/openvla-7b", or "org/repo/subfolder" for a run folder inside a repo), fetched
-  with `huggingface_hub.snapshot_download` into the local cache (`hf_token` passed along) and loaded as above.
+  with `huggingface_hub.snapshot_download` into the local cache (`hf_token` passed along; offline, the cache) and
+  loaded as above.
+
+Memory: the parts a checkpoint fills are built with their parameters on the meta device and each tensor is assigned
+as it is read (HF folders: one safetensors shard at a time), converted to `dtype` on the way. Peak host memory is
+about one copy of the model in `dtype` plus one shard, never a random-init copy plus the whole state dict.
+`dtype=torch.bfloat16` halves it; the default is FP32 (what training wants).
 
 Weights are read with `torch.load(weights_only=True)` or safetensors: never unpickling arbitrary objects, never
-remote code. A missing file, a missing / unexpected key or a shape mismatch is a `ConfigError` naming it.
+remote code. A missing file, a missing / unexpected key or a shape mismatch is a `ConfigError` naming it, raised
+before any tensor data is read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from prismatic.models.materialize import VLM_PARTS, VLMArchitecture
 from prismatic.models.registry import BASE_VLMS, BaseVLMSpec, get_base_vlm_spec
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.util.errors import ConfigError
@@ -40,6 +52,9 @@ logger = logging.getLogger(__name__)
 LATEST_CHECKPOINT = "latest-checkpoint.pt"
 # What a Hub snapshot needs: configs, weights, tokenizer files, statistics (never code).
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.model", "tokenizer*", "checkpoints/*"]
+# What describing a Hub checkpoint needs (a run's base): configs and tokenizer, no weights.
+_HUB_CONFIG_PATTERNS = ["*.json", "*.model", "tokenizer*"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -51,34 +66,63 @@ class LoadedVLA:
     source: str
 
 
-def load(model_id_or_path: str | Path, hf_token: str | None = None) -> PrismaticVLM:
-    """A `PrismaticVLM` in FP32 from a registry id, a local folder or the Hub (see the module docstring).
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """None -> float32; "bfloat16" / torch.bfloat16 -> torch.bfloat16 (likewise float32, float16).
 
     Raises:
-        ConfigError: unknown id / path, missing files, or weights that do not fit the architecture.
+        ConfigError: any other value.
     """
-    return load_vla(model_id_or_path, hf_token=hf_token).vlm
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise ConfigError(f"Unknown dtype {dtype!r} to load weights in. Valid choices: {', '.join(DTYPES)}.")
 
 
-def load_vla(model_id_or_path: str | Path, hf_token: str | None = None) -> LoadedVLA:
-    """Like `load`, also returning the action statistics the checkpoint carries (None for a plain VLM)."""
+def load(
+    model_id_or_path: str | Path, hf_token: str | None = None, dtype: str | torch.dtype | None = None
+) -> PrismaticVLM:
+    """A `PrismaticVLM` (FP32 unless `dtype` says otherwise) from a registry id, a local folder or the Hub (see the
+    module docstring).
+
+    Raises:
+        ConfigError: unknown id / path / dtype, missing files, or weights that do not fit the architecture.
+    """
+    return load_vla(model_id_or_path, hf_token=hf_token, dtype=dtype).vlm
+
+
+def load_vla(
+    model_id_or_path: str | Path, hf_token: str | None = None, dtype: str | torch.dtype | None = None
+) -> LoadedVLA:
+    """Like `load`, also returning the action statistics the checkpoint carries (None for a plain VLM).
+
+    Args:
+        model_id_or_path: a registry id, a run folder, a `<run>/checkpoints/*.pt`, an HF OpenVLA folder or a Hub id.
+        hf_token: for gated Hub repos.
+        dtype: parameter dtype ("float32" default, "bfloat16", "float16"); checkpoints stream into it.
+    """
+    target = resolve_dtype(dtype)
     source = str(model_id_or_path)
     path = Path(model_id_or_path).expanduser()
     if path.is_dir():
-        return _load_folder(path, hf_token)
+        return _load_folder(path, hf_token, target)
     if source in BASE_VLMS:
-        from prismatic.models.materialize import build_vlm
+        from prismatic.models.materialize import build_vlm, cast_floating_parameters
 
-        return LoadedVLA(build_vlm(source, hf_token=hf_token), None, source)
+        vlm = build_vlm(source, hf_token=hf_token)
+        cast_floating_parameters(vlm, target)
+        return LoadedVLA(vlm, None, source)
     if path.is_file() and path.suffix == ".pt" and path.parent.name == "checkpoints":
-        return _load_prismatic_run(path.parent.parent, hf_token, source, checkpoint=path)
+        return _load_prismatic_run(path.parent.parent, hf_token, source, target, checkpoint=path)
     if path.exists():
         raise ConfigError(
             f"'{source}' is a file; pass the run folder (holding config.json and checkpoints/), one of its "
             "checkpoints/*.pt, or an HF OpenVLA folder instead."
         )
     if _looks_like_hub_id(source):
-        return _load_folder(_hub_snapshot(source, hf_token), hf_token, source=source)
+        return _load_folder(_hub_snapshot(source, hf_token), hf_token, target, source=source)
     if "/" in source or source.startswith((".", "~")):
         raise ConfigError(
             f"'{source}' is neither a local folder nor a base-VLM registry id. Pass a Prismatic run folder, an HF "
@@ -88,25 +132,23 @@ def load_vla(model_id_or_path: str | Path, hf_token: str | None = None) -> Loade
     raise AssertionError("unreachable")
 
 
-def is_model_path(model_id_or_path: str | Path) -> bool:
-    """True when the argument names a local folder (rather than a registry id)."""
-    return Path(model_id_or_path).expanduser().is_dir()
-
-
 def _looks_like_hub_id(source: str) -> bool:
     parts = source.split("/")
     return 2 <= len(parts) <= 3 and all(parts) and not source.startswith((".", "~"))
 
 
-def _hub_snapshot(source: str, hf_token: str | None) -> Path:
-    """Download (or find in the local cache) a Hub repo, or one subfolder of it, and return the local folder."""
+def _hub_snapshot(source: str, hf_token: str | None, patterns: list[str] = _HUB_PATTERNS) -> Path:
+    """Download (or find in the local cache) a Hub repo, or one subfolder of it, and return the local folder.
+
+    Offline (`HF_HUB_OFFLINE=1` or no network), `snapshot_download` answers from the cache.
+    """
     from huggingface_hub import snapshot_download
 
     owner, name, *rest = source.split("/")
     repo_id, subfolder = f"{owner}/{name}", "/".join(rest)
-    patterns = [f"{subfolder}/{p}" for p in _HUB_PATTERNS] if subfolder else _HUB_PATTERNS
+    allow = [f"{subfolder}/{p}" for p in patterns] if subfolder else patterns
     try:
-        root = snapshot_download(repo_id, token=hf_token, allow_patterns=patterns)
+        root = snapshot_download(repo_id, token=hf_token, allow_patterns=allow)
     except Exception as err:  # noqa: BLE001 (offline, gated, unknown repo: all the same user error)
         raise ConfigError(
             f"'{source}' is neither a local folder nor a base-VLM registry id, and the Hugging Face Hub repo "
@@ -119,82 +161,114 @@ def _hub_snapshot(source: str, hf_token: str | None) -> Path:
     return folder
 
 
-def _load_folder(folder: Path, hf_token: str | None, source: str | None = None) -> LoadedVLA:
-    from prismatic.models.hf_openvla import is_hf_openvla_dir
-
-    source = source or str(folder)
-    if is_hf_openvla_dir(folder):
-        return _load_hf_openvla(folder, hf_token, source)
-    if (folder / "config.json").is_file() and (folder / "checkpoints").is_dir():
-        return _load_prismatic_run(folder, hf_token, source)
-    raise ConfigError(
-        f"'{folder}' is neither an HF OpenVLA folder (config.json with model_type 'openvla') nor a Prismatic run "
-        "folder (config.json and checkpoints/latest-checkpoint.pt)."
-    )
-
-
-def _load_hf_openvla(folder: Path, hf_token: str | None, source: str) -> LoadedVLA:
-    from prismatic.models.hf_openvla import from_hf_state_dict, hf_spec_and_llm_config, read_hf_state_dict
-    from prismatic.models.materialize import build_vlm_from_spec
-
-    model_id, spec, llm_config, raw = hf_spec_and_llm_config(folder)
-    has_tokenizer = (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file()
-    vlm = build_vlm_from_spec(
-        model_id,
-        spec,
-        hf_token=hf_token,
-        pretrained_vision=False,
-        pretrained_llm=False,
-        llm_config=llm_config,
-        tokenizer_dir=folder if has_tokenizer else None,
-    )
-    state = from_hf_state_dict(read_hf_state_dict(folder), spec.vision_backbone_id)
-    load_weights(vlm, state, source=str(folder), strict=True)
-    logger.info("Loaded HF OpenVLA checkpoint %s (%s)", folder, spec)
-    return LoadedVLA(vlm, raw.get("norm_stats"), source)
-
-
-def run_folder_spec(folder: Path) -> tuple[str, BaseVLMSpec]:
-    """(model id, BaseVLMSpec) from a run folder's `config.json`: Prismatic's `model` block or a VLA's base VLM.
-
-    Raises:
-        ConfigError: the config names neither.
-    """
-    config = json.loads((folder / "config.json").read_text())
-    if "model" in config and isinstance(config["model"], Mapping):
-        model = config["model"]
-        try:
-            spec = BaseVLMSpec(
-                model["vision_backbone_id"],
-                model["llm_backbone_id"],
-                model["arch_specifier"],
-                model["image_resize_strategy"],
-            )
-        except KeyError as err:
-            raise ConfigError(f"'{folder / 'config.json'}' model block lacks {err}.") from err
-        return model.get("model_id", folder.name), spec
-    if "vla" in config and isinstance(config["vla"], Mapping) and "base_vlm" in config["vla"]:
-        base_vlm = config["vla"]["base_vlm"]
-        if is_model_path(base_vlm):  # a run started from another folder: its architecture is that one's
-            return run_folder_spec(Path(base_vlm)) if not _is_hf(Path(base_vlm)) else _hf_spec(Path(base_vlm))
-        return base_vlm, get_base_vlm_spec(base_vlm)
-    raise ConfigError(
-        f"'{folder / 'config.json'}' has neither a 'model' block (Prismatic) nor 'vla.base_vlm' (OpenVLA / this "
-        "tool): cannot tell which architecture its checkpoint holds."
-    )
-
-
 def _is_hf(folder: Path) -> bool:
     from prismatic.models.hf_openvla import is_hf_openvla_dir
 
     return is_hf_openvla_dir(folder)
 
 
-def _hf_spec(folder: Path) -> tuple[str, BaseVLMSpec]:
-    from prismatic.models.hf_openvla import hf_spec_and_llm_config
+def _is_run(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "checkpoints").is_dir()
 
-    model_id, spec, _, _ = hf_spec_and_llm_config(folder)
-    return model_id, spec
+
+def _load_folder(
+    folder: Path, hf_token: str | None, dtype: torch.dtype, source: str | None = None
+) -> LoadedVLA:
+    source = source or str(folder)
+    if _is_hf(folder):
+        return _load_hf_openvla(folder, hf_token, source, dtype)
+    if _is_run(folder):
+        return _load_prismatic_run(folder, hf_token, source, dtype)
+    raise ConfigError(
+        f"'{folder}' is neither an HF OpenVLA folder (config.json with model_type 'openvla') nor a Prismatic run "
+        "folder (config.json and checkpoints/latest-checkpoint.pt)."
+    )
+
+
+# === Architecture: what to build, without weights =================================================================
+
+
+def architecture_of(source: str, hf_token: str | None = None) -> VLMArchitecture:
+    """The architecture of a registry id, a local HF / run folder, or a Hub id (config and tokenizer files only).
+
+    This is how a run's `vla.base_vlm` is resolved when its checkpoint is loaded or exported: offline, a Hub id
+    is answered from the local cache, and no weights are read or downloaded. `base` of the result is `source`
+    (except for registry ids, whose pretrained weights are the registry's).
+
+    Raises:
+        ConfigError: unknown id, a folder that is neither layout, or a Hub id neither cached nor reachable.
+    """
+    if source in BASE_VLMS:
+        return VLMArchitecture(source, BASE_VLMS[source])
+    path = Path(source).expanduser()
+    if path.is_dir():
+        folder, model_id = path, path.name
+    elif _looks_like_hub_id(source):
+        folder, model_id = _hub_snapshot(source, hf_token, _HUB_CONFIG_PATTERNS), source
+    else:
+        get_base_vlm_spec(source)  # the did-you-mean ConfigError for registry-id typos
+        raise AssertionError("unreachable")
+    if _is_hf(folder):
+        from prismatic.models.hf_openvla import hf_architecture
+
+        return dataclasses.replace(hf_architecture(folder, model_id), base=source)
+    if (folder / "config.json").is_file():
+        return dataclasses.replace(run_architecture(folder, hf_token), base=source)
+    raise ConfigError(
+        f"Base '{source}' is neither an HF OpenVLA folder nor a Prismatic run folder (no config.json in '{folder}')."
+    )
+
+
+def _model_block_spec(model: Mapping[str, Any], config_path: Path) -> BaseVLMSpec:
+    try:
+        return BaseVLMSpec(
+            model["vision_backbone_id"],
+            model["llm_backbone_id"],
+            model["arch_specifier"],
+            model["image_resize_strategy"],
+        )
+    except KeyError as err:
+        raise ConfigError(f"'{config_path}' model block lacks {err}.") from err
+
+
+def run_architecture(folder: Path, hf_token: str | None = None) -> VLMArchitecture:
+    """The architecture a run folder's checkpoint holds, from its `config.json`.
+
+    A run that started from a folder or Hub id (`vla.base_vlm` not a registry id) is that checkpoint's
+    architecture, LLM config and tokenizer included; else Prismatic's `model` block; else the registry's
+    `vla.base_vlm`. `base` says where the weights of parts the checkpoint lacks come from.
+
+    Raises:
+        ConfigError: the config names neither, or its base cannot be resolved.
+    """
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"'{config_path}' is not valid JSON: {err}") from err
+    model = config.get("model") if isinstance(config, dict) else None
+    vla = config.get("vla") if isinstance(config, dict) else None
+    base_vlm = vla.get("base_vlm") if isinstance(vla, Mapping) else None
+    if isinstance(base_vlm, str) and base_vlm not in BASE_VLMS:
+        if Path(base_vlm).expanduser().resolve() == folder.resolve():
+            raise ConfigError(f"'{config_path}' names its own folder as vla.base_vlm.")
+        try:
+            return architecture_of(base_vlm, hf_token)
+        except ConfigError as err:
+            if not isinstance(model, Mapping):
+                raise ConfigError(
+                    f"'{config_path}' says the run started from '{base_vlm}', whose architecture cannot be read "
+                    f"(moved or not cached?): {err}"
+                ) from err
+            logger.warning("Base '%s' of %s unavailable (%s); using its 'model' block", base_vlm, folder, err)
+    if isinstance(model, Mapping):
+        return VLMArchitecture(model.get("model_id", folder.name), _model_block_spec(model, config_path))
+    if isinstance(base_vlm, str):
+        return VLMArchitecture(base_vlm, get_base_vlm_spec(base_vlm))
+    raise ConfigError(
+        f"'{config_path}' has neither a 'model' block (Prismatic) nor 'vla.base_vlm' (OpenVLA / this "
+        "tool): cannot tell which architecture its checkpoint holds."
+    )
 
 
 def latest_checkpoint(folder: Path) -> Path:
@@ -208,70 +282,127 @@ def latest_checkpoint(folder: Path) -> Path:
     return steps[-1]
 
 
-def _load_prismatic_run(
-    folder: Path, hf_token: str | None, source: str, checkpoint: Path | None = None
-) -> LoadedVLA:
-    from prismatic.models.lora import LoraSettings, apply_lora, lora_targets_in_state_dict, merge_lora
-    from prismatic.models.materialize import build_vlm_from_spec
+# === Loading ======================================================================================================
+
+
+def _load_hf_openvla(folder: Path, hf_token: str | None, source: str, dtype: torch.dtype) -> LoadedVLA:
+    from prismatic.models.hf_openvla import from_hf_names, hf_architecture, hf_weight_shapes, iter_hf_shards
+    from prismatic.models.materialize import build_vlm_from_architecture
+
+    model_id = source if not Path(source).expanduser().is_dir() else folder.name
+    arch = hf_architecture(folder, model_id)
+    # Names and shapes from the shard headers: a checkpoint that does not fit fails here, before any data is read.
+    hf_shapes = hf_weight_shapes(folder)
+    names = from_hf_names(list(hf_shapes), arch.vision_spec)
+    shapes = {names[name]: shape for name, shape in hf_shapes.items()}
+    vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
+    assign_weights(vlm, shapes, _renamed(iter_hf_shards(folder), names), source=str(folder), dtype=dtype)
+    raw = json.loads((folder / "config.json").read_text())
+    logger.info("Loaded HF OpenVLA checkpoint %s (%s, %s)", folder, arch.spec, dtype)
+    return LoadedVLA(vlm, raw.get("norm_stats"), source)
+
+
+def _renamed(
+    shards: Iterable[dict[str, torch.Tensor]], names: Mapping[str, str]
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Each shard under our names; the HF-named dict is emptied so no reference outlives the consumer's."""
+    for shard in shards:
+        yield {names[k]: shard.pop(k) for k in list(shard)}
+
+
+def _base_vision_weights(
+    base: str, hf_token: str | None, arch: VLMArchitecture
+) -> dict[str, torch.Tensor] | None:
+    """The vision-backbone weights of the model a run started from (flat names); None: the registry's pretrained."""
+    from prismatic.models.hf_openvla import from_hf_names, hf_weight_shapes, iter_hf_shards
     from prismatic.training.checkpointing import load_checkpoint_file
 
-    model_id, spec = run_folder_spec(folder)
+    if base in BASE_VLMS:
+        return None
+    path = Path(base).expanduser()
+    folder = path if path.is_dir() else _hub_snapshot(base, hf_token)
+    if _is_hf(folder):
+        names = from_hf_names(
+            [n for n in hf_weight_shapes(folder) if n.startswith("vision_backbone.")], arch.vision_spec
+        )
+        return {names[k]: v for shard in iter_hf_shards(folder, set(names)) for k, v in shard.items()}
+    weights = load_checkpoint_file(latest_checkpoint(folder))["model"]
+    if weights.get("vision_backbone"):
+        return {f"vision_backbone.{k}": v for k, v in weights["vision_backbone"].items()}
+    parent = run_architecture(folder, hf_token).base
+    return _base_vision_weights(parent, hf_token, arch) if parent is not None else None
+
+
+def _load_prismatic_run(
+    folder: Path, hf_token: str | None, source: str, dtype: torch.dtype, checkpoint: Path | None = None
+) -> LoadedVLA:
+    from prismatic.models.lora import LoraSettings, apply_lora, lora_targets_in_state_dict, merge_lora
+    from prismatic.models.materialize import build_vlm_from_architecture, cast_floating_parameters
+    from prismatic.training.checkpointing import load_checkpoint_file
+
+    arch = run_architecture(folder, hf_token)
     path = checkpoint if checkpoint is not None else latest_checkpoint(folder)
     weights = load_checkpoint_file(path)["model"]
-    has_vision = bool(weights.get("vision_backbone"))
-    # As Prismatic's loader: the LLM is built from its config only (the checkpoint holds it); the vision backbone
-    # keeps its pretrained weights when the checkpoint does not hold it (it was frozen).
-    vlm = build_vlm_from_spec(
-        model_id,
-        spec,
-        hf_token=hf_token,
-        pretrained_vision=None if not has_vision else False,
-        pretrained_llm=False,
-    )
-    flat = {f"{module}.{k}": v for module, sd in weights.items() for k, v in sd.items()}
     for module in ("projector", "llm_backbone"):
         if not weights.get(module):
             raise ConfigError(f"Checkpoint '{path}' holds no '{module}' weights.")
+    flat = {f"{module}.{k}": v for module, sd in weights.items() for k, v in sd.items()}
+    # As Prismatic's loader: a vision backbone the checkpoint does not hold (it was frozen) keeps the weights of
+    # the model the run started from: the registry's pretrained ones, or the base checkpoint's.
+    base_vision = None
+    if not weights.get("vision_backbone") and arch.base is not None:
+        base_vision = _base_vision_weights(arch.base, hf_token, arch)
+    vision_loaded = bool(weights.get("vision_backbone")) or base_vision is not None
+    vlm = build_vlm_from_architecture(
+        arch,
+        hf_token=hf_token,
+        pretrained_vision=None,
+        on_meta=VLM_PARTS if vision_loaded else ("projector", "llm_backbone"),
+    )
     lora_names, lora_rank = lora_targets_in_state_dict(flat)
     if lora_names:  # re-create the adapters the run trained, load, then fold them into plain weights
         vla_cfg = json.loads((folder / "config.json").read_text()).get("vla", {})
         apply_lora(
             vlm, LoraSettings(rank=lora_rank, alpha=vla_cfg.get("lora_alpha")), target_names=lora_names
         )
-    load_weights(
+    chunks = [flat] if base_vision is None else [flat, base_vision]
+    shapes = {k: tuple(v.shape) for chunk in chunks for k, v in chunk.items()}
+    # LoRA merges in FP32 (as the run trained), then casts: the merged weights do not depend on `dtype`.
+    assign_weights(
         vlm,
-        flat,
+        shapes,
+        chunks,
         source=str(path),
-        strict=True,
-        allow_missing_prefixes=() if has_vision else ("vision_backbone.",),
+        dtype=torch.float32 if lora_names else dtype,
+        allow_missing_prefixes=() if vision_loaded else ("vision_backbone.",),
     )
     if lora_names:
         merge_lora(vlm)
+        cast_floating_parameters(vlm, dtype)
     norm_stats = None
     if (folder / "dataset_statistics.json").is_file():
-        norm_stats = json.loads((folder / "dataset_statistics.json").read_text())
-    logger.info("Loaded Prismatic run %s from %s", model_id, path)
+        from prismatic.vla.datasets.rlds.statistics import read_statistics_file
+
+        norm_stats = read_statistics_file(
+            folder / "dataset_statistics.json", "run's dataset_statistics.json", per_dataset=True
+        )
+    logger.info("Loaded Prismatic run %s from %s (%s)", arch.model_id, path, dtype)
     return LoadedVLA(vlm, norm_stats, source)
 
 
-def load_weights(
-    vlm: torch.nn.Module,
-    state: Mapping[str, torch.Tensor],
+# === Weights into a model ===========================================================================================
+
+
+def _check_fit(
+    expected: Mapping[str, torch.Tensor],
+    shapes: Mapping[str, tuple[int, ...]],
     *,
     source: str,
-    strict: bool = True,
-    allow_missing_prefixes: tuple[str, ...] = (),
+    allow_missing_prefixes: tuple[str, ...],
 ) -> None:
-    """Copy `state` (flat names) into `vlm`, checking names and shapes first so that errors name the key.
-
-    Raises:
-        ConfigError: a key missing from `state` (unless under `allow_missing_prefixes`), an unexpected key, or a
-            shape mismatch.
-    """
-    expected = vlm.state_dict()
-    missing = [k for k in expected if k not in state and not k.startswith(allow_missing_prefixes)]
-    unexpected = [k for k in state if k not in expected]
-    if strict and (missing or unexpected):
+    missing = [k for k in expected if k not in shapes and not k.startswith(allow_missing_prefixes)]
+    unexpected = [k for k in shapes if k not in expected]
+    if missing or unexpected:
         raise ConfigError(
             f"Checkpoint '{source}' does not fit this architecture: "
             + (f"missing key(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "")
@@ -283,13 +414,90 @@ def load_weights(
             )
             + "."
         )
-    for key, tensor in state.items():
-        if key in expected and tuple(tensor.shape) != tuple(expected[key].shape):
+    for key, shape in shapes.items():
+        if tuple(shape) != tuple(expected[key].shape):
             raise ConfigError(
-                f"Checkpoint '{source}': key '{key}' has shape {tuple(tensor.shape)} but the model expects "
+                f"Checkpoint '{source}': key '{key}' has shape {tuple(shape)} but the model expects "
                 f"{tuple(expected[key].shape)} (a different vocabulary / width / resolution?)."
             )
-    vlm.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+
+
+def _assign(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Replace parameter / buffer `name` by `tensor` (what `load_state_dict(assign=True)` does for one key)."""
+    owner_name, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if attr in owner._parameters:
+        owner._parameters[attr] = torch.nn.Parameter(
+            tensor, requires_grad=owner._parameters[attr].requires_grad
+        )
+    else:
+        owner._buffers[attr] = tensor
+
+
+def _tied_aliases(module: torch.nn.Module) -> list[list[str]]:
+    """Groups of parameter names that are one tensor (tied embeddings), first name first."""
+    groups: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _retie(module: torch.nn.Module, groups: list[list[str]]) -> None:
+    """Point every alias at its group's first parameter again (assigning replaced each one separately)."""
+    for first, *aliases in groups:
+        param = module.get_parameter(first)
+        for alias in aliases:
+            owner, _, attr = alias.rpartition(".")
+            setattr(module.get_submodule(owner) if owner else module, attr, param)
+
+
+def assign_weights(
+    vlm: torch.nn.Module,
+    shapes: Mapping[str, tuple[int, ...]],
+    chunks: Iterable[dict[str, torch.Tensor]],
+    *,
+    source: str,
+    dtype: torch.dtype = torch.float32,
+    allow_missing_prefixes: tuple[str, ...] = (),
+) -> None:
+    """Put a checkpoint's tensors into `vlm`, one chunk (shard) at a time, as new tensors in `dtype`.
+
+    Every parameter the checkpoint fills may be on the meta device (see `materialize.parameters_on_meta`): each
+    tensor is popped from its chunk, converted and assigned (as `load_state_dict(assign=True)` would), so the model
+    never exists twice and a chunk's memory is released as it is consumed. Tied parameters are tied again afterwards; parameters not in the checkpoint (allowed by
+    `allow_missing_prefixes`) are cast to `dtype`.
+
+    Args:
+        vlm: the model; `requires_grad` flags are kept.
+        shapes: every name the chunks will hold and its shape (checked before anything is read).
+        chunks: flat state-dict pieces under `vlm`'s names; emptied as they are consumed.
+        source: for error messages.
+        dtype: floating-point tensors are converted to it; others keep theirs.
+        allow_missing_prefixes: names that may be absent (their current weights are kept).
+
+    Raises:
+        ConfigError: a missing / unexpected key or a shape mismatch (before any data is read).
+    """
+    from prismatic.models.materialize import cast_floating_parameters
+
+    expected = vlm.state_dict(keep_vars=True)
+    _check_fit(expected, shapes, source=source, allow_missing_prefixes=allow_missing_prefixes)
+    tied = _tied_aliases(vlm)
+    for chunk in chunks:
+        for name in list(chunk):
+            # Popped, converted, assigned one tensor at a time: the chunk shrinks as the model fills.
+            # copy=True: a tensor memory-mapped from a file becomes the model's own (writable, file closable).
+            tensor = chunk.pop(name)
+            _assign(
+                vlm, name, tensor.to(dtype=dtype if tensor.is_floating_point() else tensor.dtype, copy=True)
+            )
+            del tensor
+        del chunk
+    _retie(vlm, tied)
+    cast_floating_parameters(vlm, dtype)
+    left = [name for name, t in vlm.state_dict(keep_vars=True).items() if t.device.type == "meta"]
+    if left:
+        raise ConfigError(f"Checkpoint '{source}' left parameters unfilled: {left[:5]}.")
 
 
 def spec_of(vlm: PrismaticVLM) -> BaseVLMSpec:

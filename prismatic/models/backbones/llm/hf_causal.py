@@ -3,10 +3,14 @@
 Follows Prismatic's Llama-2 handling: the tokenizer gets a `<PAD>` token if it has none, the token embeddings are
 resized to a multiple of 64 (faster matmuls; the extra rows are never produced by the tokenizer), and
 `config.pad_token_id` is set. The KV cache is off: training never reuses it.
+
+Every `Auto*` call passes `trust_remote_code=False`: a checkpoint folder or Hub repo that ships its own code (OpenVLA's
+`auto_map`) is never executed, and transformers never stops to ask on the terminal whether to run it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -55,19 +60,58 @@ def prepend_bos(tokenizer: PreTrainedTokenizerBase, bos_token: str) -> None:
     )
 
 
+def load_tokenizer_dir(
+    tokenizer_dir: Path, llm_config: PretrainedConfig | None = None
+) -> PreTrainedTokenizerBase:
+    """The tokenizer a checkpoint folder ships (HF OpenVLA layout; it already has its pad token), never running code.
+
+    `tokenizer_config.json`'s `tokenizer_class` picks the class. AutoTokenizer would also read the folder's
+    `config.json`, whose `auto_map` names OpenVLA's remote code (what makes transformers prompt): the LLM's own
+    config is handed to it instead when known. Without a `tokenizer_class`, `tokenizer.json` is read directly.
+
+    Raises:
+        ConfigError: no readable tokenizer, or one that only remote code can load.
+    """
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    try:
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"'{config_path}' is not valid JSON: {err}") from err
+    has_json = (tokenizer_dir / "tokenizer.json").is_file()
+    try:
+        if not config.get("tokenizer_class") and has_json:
+            return PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir), padding_side="right")
+        kwargs = {"config": llm_config} if llm_config is not None else {}
+        return AutoTokenizer.from_pretrained(
+            str(tokenizer_dir), padding_side="right", trust_remote_code=False, **kwargs
+        )
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"The tokenizer in '{tokenizer_dir}' (tokenizer_class {config.get('tokenizer_class')!r}) cannot be "
+            "loaded by transformers' own classes, and this tool never runs code shipped with a checkpoint. Name a "
+            "transformers class in its tokenizer_config.json (LlamaTokenizerFast, PreTrainedTokenizerFast) and "
+            f"keep tokenizer.json beside it. Cause: {err}"
+        ) from err
+
+
 def _load_tokenizer(
-    identifier: str, spec: LLMBackboneSpec, hf_token: str | None, tokenizer_dir: Path | None
+    identifier: str,
+    spec: LLMBackboneSpec,
+    hf_token: str | None,
+    tokenizer_dir: Path | None,
+    llm_config: PretrainedConfig | None,
 ) -> PreTrainedTokenizerBase:
     if tokenizer_dir is not None:
-        # A checkpoint folder that ships its tokenizer (HF OpenVLA layout): already has its pad token.
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), padding_side="right")
+        tokenizer = load_tokenizer_dir(tokenizer_dir, llm_config)
     elif spec.tokenizer_source == "tiny":
         from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
 
         tokenizer = load_tiny_tokenizer()
     else:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(spec.hf_hub_id, token=hf_token, padding_side="right")
+            tokenizer = AutoTokenizer.from_pretrained(
+                spec.hf_hub_id, token=hf_token, padding_side="right", trust_remote_code=False
+            )
         except OSError as err:
             raise _unavailable(identifier, spec, err) from err
     tokenizer.model_max_length = spec.max_length
@@ -84,7 +128,11 @@ def _load_llm(
     pretrained: bool,
     config: PretrainedConfig | None,
 ) -> PreTrainedModel:
-    kwargs = {"attn_implementation": spec.attn_implementation, "dtype": torch.float32}
+    kwargs = {
+        "attn_implementation": spec.attn_implementation,
+        "dtype": torch.float32,
+        "trust_remote_code": False,
+    }
     if config is not None:
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if spec.hf_hub_id is None:
@@ -94,7 +142,7 @@ def _load_llm(
         if pretrained:
             logger.info("Loading LLM '%s' weights from '%s'", identifier, spec.hf_hub_id)
             return AutoModelForCausalLM.from_pretrained(spec.hf_hub_id, token=hf_token, **kwargs)
-        config = AutoConfig.from_pretrained(spec.hf_hub_id, token=hf_token)
+        config = AutoConfig.from_pretrained(spec.hf_hub_id, token=hf_token, trust_remote_code=False)
     except OSError as err:
         raise _unavailable(identifier, spec, err) from err
     return AutoModelForCausalLM.from_config(config, **kwargs)
@@ -117,7 +165,7 @@ class HFCausalLLMBackbone(LLMBackbone):
         super().__init__(identifier)
         self.spec = spec
         self.llm_family = spec.llm_family
-        self.tokenizer = _load_tokenizer(identifier, spec, hf_token, tokenizer_dir)
+        self.tokenizer = _load_tokenizer(identifier, spec, hf_token, tokenizer_dir, config)
         # The VLM inserts patches right after BOS, so every tokenized prompt must start with it.
         probe = self.tokenizer("Testing 123").input_ids
         if not probe or probe[0] != self.tokenizer.bos_token_id:

@@ -3,7 +3,9 @@
 Adding a backbone is one `register_vision_backbone(...)` call (here for the shipped ones, or from your own code;
 see docs/adding_a_model.md). Single backbones are one `ViTSpec`; fused backbones (DINO + SigLIP) are a
 `FusedViTSpec` whose parts are concatenated on the channel dim. Tiny ids build from random init in milliseconds
-through the same timm code paths as the real ones; real ids load pretrained timm weights from the Hub.
+through the same timm code paths as the real ones; real ids load pretrained timm weights from the Hub. A
+checkpoint that describes its own ViTs (HF OpenVLA's `timm_model_ids`) builds without a registry entry:
+`vision_spec_from_vits` makes the spec and `build_vision_backbone(..., spec=...)` builds it.
 """
 
 from __future__ import annotations
@@ -129,19 +131,26 @@ def get_vision_backbone_spec(vision_backbone_id: str) -> VisionBackboneSpec:
 
 
 def build_vision_backbone(
-    vision_backbone_id: str, image_resize_strategy: str, *, pretrained: bool | None = None
+    vision_backbone_id: str,
+    image_resize_strategy: str,
+    *,
+    pretrained: bool | None = None,
+    spec: VisionBackboneSpec | None = None,
 ) -> VisionBackbone:
     """Build a vision backbone in FP32.
 
     Args:
-        vision_backbone_id: a key of `VISION_BACKBONES`.
+        vision_backbone_id: a key of `VISION_BACKBONES`, or any name when `spec` is given.
         image_resize_strategy: one of "resize-naive", "letterbox", "resize-crop".
         pretrained: load timm's pretrained weights; None means "if the id has any" (real ids yes, tiny ids no).
+        spec: build this spec instead of the registry's entry (a checkpoint that describes its own ViTs, see
+            `vision_spec_from_vits`).
 
     Raises:
         ConfigError: unknown id or strategy; pretrained weights asked of a tiny id, or not obtainable (offline).
     """
-    spec = get_vision_backbone_spec(vision_backbone_id)
+    if spec is None:
+        spec = get_vision_backbone_spec(vision_backbone_id)
     check_resize_strategy(image_resize_strategy)
     if pretrained is None:
         pretrained = spec.has_pretrained_weights
@@ -157,3 +166,62 @@ def build_vision_backbone(
     from prismatic.models.backbones.vision.timm_vit import TimmViTBackbone
 
     return TimmViTBackbone(vision_backbone_id, spec, image_resize_strategy, pretrained=pretrained)
+
+
+def vits_of(spec: VisionBackboneSpec) -> list[ViTSpec]:
+    """The ViTs of a backbone, in feature-concatenation order."""
+    return list(spec.parts.values()) if isinstance(spec, FusedViTSpec) else [spec.vit]
+
+
+def timm_architecture(timm_id: str) -> str:
+    """A timm model name without its pretrained tag ("vit_so400m_patch14_siglip_224.webli" -> "..._224")."""
+    return timm_id.split(".", 1)[0]
+
+
+def describe_vits(vits: list[ViTSpec]) -> str:
+    """One line naming each ViT's timm architecture, resolution and overrides (for error messages)."""
+    return " + ".join(
+        f"{timm_architecture(v.timm_id)} at {v.image_size}px"
+        + (f" {dict(sorted(v.arch_overrides.items()))}" if v.arch_overrides else "")
+        for v in vits
+    )
+
+
+def vits_match(registered: list[ViTSpec], described: list[ViTSpec], *, compare_overrides: bool) -> bool:
+    """Whether two ViT lists build the same modules: timm architecture (any pretrained tag), resolution, and
+    `act_layer` (all overrides when `compare_overrides`, i.e. when the description records them)."""
+    if len(registered) != len(described):
+        return False
+    for reg, desc in zip(registered, described, strict=True):
+        if (
+            timm_architecture(reg.timm_id) != timm_architecture(desc.timm_id)
+            or reg.image_size != desc.image_size
+        ):
+            return False
+        if compare_overrides:
+            if dict(reg.arch_overrides) != dict(desc.arch_overrides):
+                return False
+        elif reg.arch_overrides.get("act_layer") != desc.arch_overrides.get("act_layer"):
+            return False
+    return True
+
+
+def _part_name(timm_id: str, taken: set[str], index: int) -> str:
+    """Prismatic's part names for the families it fuses ("dino", "siglip", "clip"), else "vit{index}"."""
+    arch = timm_architecture(timm_id)
+    family = next((f for f in ("dino", "siglip", "clip") if f in arch), f"vit{index}")
+    return family if family not in taken else f"{family}{index}"
+
+
+def vision_spec_from_vits(vits: list[ViTSpec]) -> VisionBackboneSpec:
+    """A registry-less backbone spec for ViTs described by a checkpoint (HF OpenVLA's `timm_model_ids`).
+
+    One ViT is a `SingleViTSpec`; two or more are fused, with parts named after their family as Prismatic names
+    them (`dino_featurizer`, `siglip_featurizer`). No pretrained weights: the checkpoint holds them.
+    """
+    if len(vits) == 1:
+        return SingleViTSpec(vits[0], has_pretrained_weights=False)
+    parts: dict[str, ViTSpec] = {}
+    for index, vit in enumerate(vits):
+        parts[_part_name(vit.timm_id, set(parts), index)] = vit
+    return FusedViTSpec(parts, has_pretrained_weights=False)
