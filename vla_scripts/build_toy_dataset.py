@@ -5,28 +5,39 @@
 Takes a few seconds on a CPU; running it again is a no-op. Train on them with `--data_mix toy`.
 """
 
-from __future__ import annotations
-
-import argparse
+# No `from __future__ import annotations`: with it, @dataclass needs this module in sys.modules, which a test
+# loading the file by path does not give; real annotations need nothing (Python >= 3.10).
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from prismatic.util.cli import entry_point, parse_config
+from prismatic.util.errors import ConfigError
 
+
+@dataclass
+class ToyConfig:
+    """Flags of vla_scripts/build_toy_dataset.py (example above)."""
+
+    data_root_dir: Path  # folder that will hold <name>/<version>/
+    seed: int = 0  # seed of the generated data (same seed, same data), >= 0
+
+    def __post_init__(self) -> None:
+        if self.data_root_dir.is_file():
+            raise ConfigError(f"--data_root_dir '{self.data_root_dir}' is a file; pass a folder.")
+        if self.seed < 0:
+            raise ConfigError(f"--seed={self.seed} is out of range: it must be an integer >= 0.")
+
+
+@entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data_root_dir", type=Path, required=True, help="folder that will hold <name>/<version>/"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the generated data (same seed, same data)"
-    )
-    args = parser.parse_args(argv)
+    """Parse the flags (`--help` lists them) and build the toy datasets; a mistake exits 2 in one paragraph."""
+    cfg = parse_config(ToyConfig, argv, doc=__doc__)
 
     from prismatic.vla.datasets.rlds.toy import build_toy_datasets, toy_dataset_dir
 
-    names = build_toy_datasets(args.data_root_dir, seed=args.seed)
-    for name in names:
-        print(f"{name}: {toy_dataset_dir(args.data_root_dir, name)}")
+    for name in build_toy_datasets(cfg.data_root_dir, seed=cfg.seed):
+        print(f"{name}: {toy_dataset_dir(cfg.data_root_dir, name)}")
     return 0
 
 

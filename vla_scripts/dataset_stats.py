@@ -1,4 +1,4 @@
-"""Print (and optionally save) the action / proprio statistics of every dataset of a mixture.
+r"""Print (and optionally save) the action / proprio statistics of every dataset of a mixture.
 
     python vla_scripts/dataset_stats.py --data_root_dir /path/to/rlds --data_mix oxe_magic_soup_plus \
         [--output_dir runs/stats] [--skip_missing_datasets] [--num_workers 8]
@@ -9,48 +9,61 @@ layout of a run folder's `dataset_statistics.json` (OpenVLA's `norm_stats`): `--
 Datasets are read in parallel threads, one per core by default.
 """
 
-from __future__ import annotations
-
-import argparse
+# No `from __future__ import annotations`: with it, @dataclass needs this module in sys.modules, which a test
+# loading the file by path does not give; real annotations need nothing (Python >= 3.10).
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from prismatic.util.cli import entry_point, parse_config
+from prismatic.util.errors import ConfigError
 
+
+@dataclass
+class StatsConfig:
+    """Flags of vla_scripts/dataset_stats.py (example above)."""
+
+    data_root_dir: Path  # folder holding <name>/<version>/
+    data_mix: str  # mixture name or single dataset name
+    output_dir: Path | None = None  # also write <output_dir>/dataset_statistics.json
+    skip_missing_datasets: bool = False  # warn about, then skip, datasets missing from data_root_dir
+    num_workers: int | None = None  # datasets processed at once, >= 1 (default: one per core)
+
+    def __post_init__(self) -> None:
+        # Checked while parsing, before TensorFlow loads.
+        if not self.data_root_dir.is_dir():
+            raise ConfigError(
+                f"--data_root_dir '{self.data_root_dir}' does not exist or is not a folder: pass the folder holding "
+                "<name>/<version>/ RLDS datasets."
+            )
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ConfigError(
+                f"--num_workers={self.num_workers} is out of range: it must be an integer >= 1."
+            )
+        if self.output_dir is not None and self.output_dir.is_file():
+            raise ConfigError(f"--output_dir '{self.output_dir}' is a file; pass a folder.")
+
+
+@entry_point
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_root_dir", type=Path, required=True, help="folder holding <name>/<version>/")
-    parser.add_argument("--data_mix", required=True, help="mixture name or single dataset name")
-    parser.add_argument(
-        "--output_dir", type=Path, default=None, help="write <output_dir>/dataset_statistics.json"
-    )
-    parser.add_argument(
-        "--skip_missing_datasets", action="store_true", help="warn about, then skip, missing sets"
-    )
-    parser.add_argument(
-        "--num_workers", type=int, default=None, help="datasets processed at once (default: cores)"
-    )
-    args = parser.parse_args(argv)
+    """Parse the flags (`--help` lists them), print the statistics as JSON on stdout; a mistake exits 2."""
+    cfg = parse_config(StatsConfig, argv, doc=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    from prismatic.util.errors import ConfigError
     from prismatic.vla.datasets.rlds.dataset import mixture_statistics
     from prismatic.vla.datasets.rlds.statistics import save_dataset_statistics
 
-    try:
-        statistics = mixture_statistics(
-            args.data_root_dir,
-            args.data_mix,
-            skip_missing_datasets=args.skip_missing_datasets,
-            num_workers=args.num_workers,
-        )
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    statistics = mixture_statistics(
+        cfg.data_root_dir,
+        cfg.data_mix,
+        skip_missing_datasets=cfg.skip_missing_datasets,
+        num_workers=cfg.num_workers,
+    )
     print(json.dumps(statistics, indent=2))
-    if args.output_dir is not None:
-        print(f"wrote {save_dataset_statistics(statistics, args.output_dir)}", file=sys.stderr)
+    if cfg.output_dir is not None:
+        print(f"wrote {save_dataset_statistics(statistics, cfg.output_dir)}", file=sys.stderr)
     return 0
 
 

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import draccus
-
 from prismatic.inference.evaluation import SPLITS
-from prismatic.models.registry import import_plugins
+from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger("vla_scripts.evaluate")
@@ -47,9 +44,7 @@ class EvaluateConfig:
     data_root_dir: Path  # folder holding the RLDS datasets (<name>/<version>/)
     data_mix: str | None = None  # mixture or dataset name; default: the run's own (config.json vla.data_mix)
     split: str = "val"  # val (held-out) or train (a sample of the training stream; needs --max_frames)
-    unnorm_key: str | None = (
-        None  # un-normalise every frame with this dataset's statistics (default: its own)
-    )
+    unnorm_key: str | None = None  # one dataset's statistics for every frame (default: each frame's own)
     batch_size: int = 32  # frames decoded together
     max_frames: int | None = None  # per rank; default: the whole split
     out: Path | None = None  # JSON report path (default: next to the checkpoint, see module docstring)
@@ -208,18 +203,13 @@ def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
     return report
 
 
-def main() -> None:
-    try:
-        args = import_plugins(sys.argv[1:])
-        if "-h" in args or "--help" in args:
-            print(__doc__)  # the examples; draccus lists the flags below
-        cfg = draccus.parse(config_class=EvaluateConfig, args=args)
-        evaluate_checkpoint(cfg)
-    except ConfigError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\nerror: {e}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags (`--help` lists them) and evaluate; a mistake exits 2 in one paragraph, once per node."""
+    cfg = parse_config(EvaluateConfig, argv, doc=__doc__)
+    evaluate_checkpoint(cfg)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

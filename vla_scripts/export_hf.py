@@ -1,4 +1,4 @@
-"""Export a trained run (or any loadable VLA) to the Hugging Face OpenVLA layout, so evaluation code that loads
+r"""Export a trained run (or any loadable VLA) to the Hugging Face OpenVLA layout, so evaluation code that loads
 `openvla/openvla-7b` (LIBERO, real-robot servers) loads it unchanged.
 
     python vla_scripts/export_hf.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01-loss=0.1234.pt \
@@ -13,46 +13,68 @@ weights (needed by `AutoModelForVision2Seq.from_pretrained(..., trust_remote_cod
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import draccus
-
-from prismatic.models.registry import import_plugins
+from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger("vla_scripts.export_hf")
 
 
+DTYPES = ("bfloat16", "float32", "float16")
+
+
 @dataclass
 class ExportConfig:
+    """Flags of vla_scripts/export_hf.py (examples above)."""
+
     checkpoint: Path  # a checkpoints/*.pt of a run, a run folder, or an HF OpenVLA folder
     out_dir: Path  # the HF OpenVLA folder to write
-    dataset_statistics: Path | None = None  # default: the run folder's dataset_statistics.json
+    dataset_statistics: Path | None = None  # norm_stats JSON; default: the run's dataset_statistics.json
     dtype: str = "bfloat16"  # bfloat16 (OpenVLA's release dtype), float32 or float16
-    max_shard_size: str = "5GB"
-    hf_code_dir: Path | None = (
-        None  # OpenVLA's prismatic/extern/hf/ (modeling code to ship beside the weights)
-    )
+    max_shard_size: str = "5GB"  # largest safetensors shard, e.g. 5GB, 500MB or a number of bytes
+    hf_code_dir: Path | None = None  # OpenVLA's prismatic/extern/hf/, copied beside the weights
     hf_token: str | None = None  # for backbones whose config / tokenizer come from a gated Hub repo
+
+    def __post_init__(self) -> None:
+        # Checked while parsing, before torch and the model load.
+        if not self.checkpoint.exists():
+            raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
+        if self.dataset_statistics is not None and not self.dataset_statistics.is_file():
+            raise ConfigError(f"--dataset_statistics '{self.dataset_statistics}' is not a file.")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"Unknown --dtype '{self.dtype}'. Valid choices: {', '.join(DTYPES)}.")
+        if not re.fullmatch(r"\d+|\d+(\.\d+)?\s*[KMGT]B", self.max_shard_size.strip(), flags=re.IGNORECASE):
+            raise ConfigError(
+                f"--max_shard_size '{self.max_shard_size}' is not a size: write a number with KB, MB, GB or TB "
+                "(e.g. 5GB, 500MB), or a number of bytes."
+            )
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ConfigError(f"--out_dir '{self.out_dir}' is a file; pass a folder to write the export in.")
 
 
 def export(cfg: ExportConfig) -> Path:
-    """Load, merge LoRA adapters if any, and write the HF OpenVLA folder. Returns `cfg.out_dir`."""
+    """Load, merge LoRA adapters if any, and write the HF OpenVLA folder. Returns `cfg.out_dir`.
+
+    The weights stream straight into the export dtype (peak memory: one copy of the model in that dtype plus one
+    shard). A run that started from an HF folder or Hub id takes its LLM config and tokenizer from that checkpoint
+    (a Hub id from the local cache): nothing is downloaded again, so exporting works offline.
+    """
     from prismatic.models.hf_openvla import export_hf_openvla
     from prismatic.models.loading import load_vla, spec_of
 
-    if not cfg.checkpoint.exists():
-        raise ConfigError(f"--checkpoint '{cfg.checkpoint}' does not exist.")
-    loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token)
+    loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token, dtype=cfg.dtype)
     norm_stats = loaded.norm_stats
     if cfg.dataset_statistics is not None:
-        if not cfg.dataset_statistics.is_file():
-            raise ConfigError(f"--dataset_statistics '{cfg.dataset_statistics}' is not a file.")
-        norm_stats = json.loads(cfg.dataset_statistics.read_text())
+        from prismatic.vla.datasets.rlds.statistics import read_statistics_file
+
+        norm_stats = read_statistics_file(
+            cfg.dataset_statistics, "--dataset_statistics file", per_dataset=True
+        )
     if norm_stats is None:
         logger.warning(
             "No dataset statistics found: config.json gets norm_stats=null (actions can't be un-normalised)."
@@ -69,19 +91,16 @@ def export(cfg: ExportConfig) -> Path:
     )
 
 
-def main() -> None:
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags (`--help` lists them) and export; a mistake exits 2 in one paragraph."""
     from prismatic.util.logging import setup_logging
 
-    try:
-        args = import_plugins(sys.argv[1:])
-        cfg = draccus.parse(config_class=ExportConfig, args=args)
-        setup_logging(0)
-        out = export(cfg)
-        print(f"Wrote {out}")
-    except ConfigError as e:
-        print(f"\nerror: {e}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
+    cfg = parse_config(ExportConfig, argv, doc=__doc__)
+    setup_logging(0)
+    print(f"Wrote {export(cfg)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

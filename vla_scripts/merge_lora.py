@@ -1,4 +1,4 @@
-"""Merge a LoRA run's adapters into plain weights: a run folder anyone can load without peft (and export).
+r"""Merge a LoRA run's adapters into plain weights: a run folder anyone can load without peft (and export).
 
     python vla_scripts/merge_lora.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01-loss=0.1234.pt \
         --out_dir runs/<run_id>-merged [--hf_out_dir hf/<run_id>]
@@ -15,19 +15,33 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import draccus
-
-from prismatic.models.registry import import_plugins
+from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import write_json_atomic
+
+HF_DTYPES = ("bfloat16", "float32", "float16")
 
 
 @dataclass
 class MergeConfig:
+    """Flags of vla_scripts/merge_lora.py (example above)."""
+
     checkpoint: Path  # a LoRA run's checkpoints/*.pt (or the run folder: its latest checkpoint)
     out_dir: Path  # the merged run folder to write
     hf_out_dir: Path | None = None  # also export the merged model in the HF OpenVLA layout
-    hf_dtype: str = "bfloat16"
-    hf_token: str | None = None
+    hf_dtype: str = "bfloat16"  # dtype of the HF export: bfloat16, float32 or float16
+    hf_token: str | None = None  # for backbones whose config / tokenizer come from a gated Hub repo
+
+    def __post_init__(self) -> None:
+        # Checked while parsing, before torch and the model load.
+        if not self.checkpoint.exists():
+            raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
+        if self.hf_dtype not in HF_DTYPES:
+            raise ConfigError(f"Unknown --hf_dtype '{self.hf_dtype}'. Valid choices: {', '.join(HF_DTYPES)}.")
+        for name in ("out_dir", "hf_out_dir"):
+            path = getattr(self, name)
+            if path is not None and path.exists() and not path.is_dir():
+                raise ConfigError(f"--{name} '{path}' is a file; pass a folder to write into.")
 
 
 def merge(cfg: MergeConfig) -> Path:
@@ -36,8 +50,6 @@ def merge(cfg: MergeConfig) -> Path:
     from prismatic.models.loading import LATEST_CHECKPOINT, load_vla, spec_of
     from prismatic.training.checkpointing import atomic_torch_save, group_by_module
 
-    if not cfg.checkpoint.exists():
-        raise ConfigError(f"--checkpoint '{cfg.checkpoint}' does not exist.")
     run_dir = cfg.checkpoint.parent.parent if cfg.checkpoint.is_file() else cfg.checkpoint
     loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token)
     spec = spec_of(loaded.vlm)
@@ -55,10 +67,11 @@ def merge(cfg: MergeConfig) -> Path:
         vla = json.loads((run_dir / "config.json").read_text()).get("vla")
         if vla is not None:
             config["vla"] = {**vla, "use_lora": False, "merged_from": str(cfg.checkpoint)}
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_json_atomic(cfg.out_dir / "config.json", config, "the merged model's config")
     if loaded.norm_stats is not None:
-        (cfg.out_dir / "dataset_statistics.json").write_text(json.dumps(loaded.norm_stats, indent=2) + "\n")
+        write_json_atomic(
+            cfg.out_dir / "dataset_statistics.json", loaded.norm_stats, "the merged model's statistics"
+        )
     weights = {k: v.detach().cpu() for k, v in loaded.vlm.state_dict().items()}
     atomic_torch_save({"model": group_by_module(weights)}, cfg.out_dir / "checkpoints" / LATEST_CHECKPOINT)
     if cfg.hf_out_dir is not None:
@@ -66,18 +79,16 @@ def merge(cfg: MergeConfig) -> Path:
     return cfg.out_dir
 
 
-def main() -> None:
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags (`--help` lists them) and merge; a mistake exits 2 in one paragraph."""
     from prismatic.util.logging import setup_logging
 
-    try:
-        args = import_plugins(sys.argv[1:])
-        cfg = draccus.parse(config_class=MergeConfig, args=args)
-        setup_logging(0)
-        print(f"Wrote {merge(cfg)}")
-    except ConfigError as e:
-        print(f"\nerror: {e}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
+    cfg = parse_config(MergeConfig, argv, doc=__doc__)
+    setup_logging(0)
+    print(f"Wrote {merge(cfg)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Serve a trained policy over HTTP with OpenVLA's `/act` protocol, batching concurrent requests on the model.
+r"""Serve a trained policy over HTTP with OpenVLA's `/act` protocol, batching concurrent requests on the model.
 
     python vla_scripts/serve.py --checkpoint runs/<run_id> [--port 8000] [--host 127.0.0.1] [--device cuda] \
         [--dtype bfloat16] [--max_batch_size 16] [--max_wait_ms 5]
@@ -30,10 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import draccus
-from draccus.utils import ParsingError
-
-from prismatic.models.registry import import_plugins
+from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -156,20 +153,16 @@ def serve(cfg: ServeConfig) -> None:
     uvicorn.run(app, host=cfg.host, port=cfg.port, access_log=cfg.access_log, log_level="info")
 
 
-def main() -> None:
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags (`--help` lists them) and serve until interrupted; a mistake exits 2 in one paragraph."""
     from prismatic.util.logging import setup_logging
 
-    try:
-        args = import_plugins(sys.argv[1:])
-        cfg = draccus.parse(config_class=ServeConfig, args=args)
-        setup_logging(0)
-        serve(cfg)
-    except (ConfigError, ParsingError) as e:
-        # draccus wraps a ConfigError raised by ServeConfig.__post_init__ in its own generic ParsingError.
-        cause = e.__cause__ if isinstance(e.__cause__, ConfigError) else e
-        print(f"\nerror: {cause}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
+    cfg = parse_config(ServeConfig, argv, doc=__doc__)
+    setup_logging(0)
+    serve(cfg)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

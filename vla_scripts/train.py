@@ -1,4 +1,4 @@
-"""Fine-tune a VLA: base VLM + RLDS mixture -> policy, with FSDP2 or DDP, checkpoints and exact resume.
+r"""Fine-tune a VLA: base VLM + RLDS mixture -> policy, with FSDP2 or DDP, checkpoints and exact resume.
 
 Run (tiny preset, 2 CPU processes, toy data):
     torchrun --standalone --nnodes 1 --nproc-per-node 2 vla_scripts/train.py \
@@ -23,12 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import draccus
-
 from prismatic.conf.train import TrainConfig
-from prismatic.conf.vla import registered_vla_ids
-from prismatic.models.registry import import_plugins
-from prismatic.util.errors import ConfigError, did_you_mean
+from prismatic.util.cli import entry_point, parse_config
+from prismatic.util.errors import ConfigError
+from prismatic.util.files import check_dir_writable, make_dirs, write_text_atomic
+from prismatic.util.redact import redact_config
 
 logger = logging.getLogger("vla_scripts.train")
 
@@ -44,19 +43,21 @@ def _jsonable(value: Any) -> Any:
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """The resolved config as plain JSON values, with the experiment id under `vla.type`."""
+    """The resolved config as plain JSON values, with the experiment id under `vla.type` and secrets (`hf_token`)
+    blanked: it is what config.yaml / config.json and W&B get, and a run folder must never hold a token."""
     out = _jsonable(dataclasses.asdict(cfg))
     out["vla"] = {"type": cfg.vla.vla_id, **out["vla"]}
-    return out
+    return redact_config(out)
 
 
 def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:
-    """`config.json` and a `config.yaml` that `--config_path` accepts to repeat the run."""
+    """`config.json` and a `config.yaml` that `--config_path` accepts to repeat the run (each written atomically,
+    group-readable under a 022 umask; `ConfigError` naming the file when the folder cannot be written)."""
     import yaml
 
     resolved = config_to_dict(cfg)
-    (run_dir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    write_text_atomic(run_dir / "config.json", json.dumps(resolved, indent=2) + "\n", "run config")
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False), "run config")
 
 
 def train(cfg: TrainConfig) -> dict[str, float]:
@@ -67,7 +68,12 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     from torch.utils.data import DataLoader
 
     from prismatic.models import load
-    from prismatic.training.checkpointing import Checkpointer, load_checkpoint_file
+    from prismatic.training.checkpointing import (
+        Checkpointer,
+        check_resume_compatible,
+        load_checkpoint_file,
+        saved_train_state,
+    )
     from prismatic.training.metrics import StepMetrics
     from prismatic.training.strategies import get_train_strategy
     from prismatic.training.trackers import METRICS_FILE, build_trackers, read_metrics
@@ -89,6 +95,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     resume = cfg.resume_point()
     run_id = cfg.resolve_run_id(dist_info.num_nodes)
     run_dir = cfg.run_root_dir / run_id
+    check_dir_writable(run_dir, "run folder (--run_root_dir / --run_id)")  # now, not after minutes of loading
     if resume is None and (run_dir / METRICS_FILE).exists():
         raise ConfigError(
             f"Run folder '{run_dir}' already holds a run. Resume it with --pretrained_checkpoint "
@@ -105,7 +112,29 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
-    # --- load: model, data, strategy, checkpoint ------------------------------------------------------------
+    # --- load: checkpoint, model, data, strategy ------------------------------------------------------------
+    # The checkpoint first (memory-mapped, cheap): resuming it as another experiment is refused before the model
+    # and data load.
+    ckpt = load_checkpoint_file(cfg.pretrained_checkpoint) if cfg.pretrained_checkpoint is not None else None
+    samples_per_rank = 0
+    if resume is not None:
+        saved = saved_train_state(ckpt, cfg.pretrained_checkpoint)
+        check_resume_compatible(
+            saved,
+            vla_id=cfg.vla.vla_id,
+            seed=cfg.seed,
+            path=cfg.pretrained_checkpoint,
+            allow_config_change=cfg.allow_config_change,
+        )
+        samples_per_rank = int(saved.get("samples_per_rank", 0))
+        if saved.get("world_size") not in (None, dist_info.world_size):
+            logger.warning(
+                "Checkpoint was written with world size %s, this run has %d: data order will differ from an "
+                "uninterrupted run.",
+                saved.get("world_size"),
+                dist_info.world_size,
+            )
+
     # A registry id builds the base VLM; a Prismatic run folder / HF OpenVLA folder / Hub id loads its weights.
     vlm = load(cfg.vla.base_vlm, hf_token=cfg.resolve_hf_token())
     vlm.freeze_backbones(cfg.vla.stage)
@@ -115,18 +144,6 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         apply_lora(vlm, cfg.vla.lora_settings())
     tokenizer = vlm.llm_backbone.tokenizer
     action_tokenizer = ActionTokenizer(tokenizer)
-    ckpt = load_checkpoint_file(cfg.pretrained_checkpoint) if cfg.pretrained_checkpoint is not None else None
-    samples_per_rank = 0
-    if resume is not None:
-        saved = ckpt["train_state"]
-        samples_per_rank = int(saved.get("samples_per_rank", 0))
-        if saved.get("world_size") not in (None, dist_info.world_size):
-            logger.warning(
-                "Checkpoint was written with world size %s, this run has %d: data order will differ from an "
-                "uninterrupted run.",
-                saved.get("world_size"),
-                dist_info.world_size,
-            )
 
     # Statistics are computed once per node and cached beside the data; the node's other ranks wait, then read.
     run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, cfg.vla.data_mix), dist_info)
@@ -169,7 +186,7 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         )
 
     if dist_info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(run_dir, "run folder")
         write_run_config(cfg, run_dir)
         save_dataset_statistics(dataset.dataset_statistics, run_dir)
 
@@ -236,33 +253,22 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     return last
 
 
-def check_vla_type(argv: list[str]) -> None:
-    """Answer an unknown `--vla.type` with the closest ids before argparse prints its long list."""
-    for i, arg in enumerate(argv):
-        value = (
-            arg.split("=", 1)[1]
-            if arg.startswith("--vla.type=")
-            else (argv[i + 1] if arg == "--vla.type" and i + 1 < len(argv) else None)
-        )
-        if value is not None and value not in registered_vla_ids():
-            raise ConfigError(
-                f"Unknown --vla.type '{value}'.{did_you_mean(value, registered_vla_ids())} Valid choices: "
-                f"{', '.join(registered_vla_ids())}."
-            )
+@entry_point
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags (`--help` lists them), check them for this world size, then train.
 
+    A mistake ends here in one paragraph with exit code 2 (prismatic.util.cli). The world size is torchrun's
+    WORLD_SIZE, the one `init_distributed` joins: checking it now costs no model or TensorFlow start-up, and an
+    unknown mixture or a dataset missing from data_root_dir is named before the model loads (minutes for 7B).
+    """
+    cfg = parse_config(TrainConfig, argv, doc=__doc__)
+    cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))
+    from prismatic.vla.datasets.rlds import resolve_mixture_dirs
 
-def main() -> None:
-    try:
-        # Plugins register extra backbones / base VLMs / presets; they must exist before flags are parsed.
-        args = import_plugins(sys.argv[1:])
-        check_vla_type(args)
-        cfg = draccus.parse(config_class=TrainConfig, args=args)
-        train(cfg)
-    except ConfigError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\nerror: {e}\n", file=sys.stderr, flush=True)
-        sys.exit(2)
+    resolve_mixture_dirs(cfg.data_root_dir, cfg.vla.data_mix)
+    train(cfg)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,6 +11,7 @@ code on CPU in seconds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -30,43 +31,49 @@ TRAIN_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp")
 class VLAConfig(ChoiceRegistry):
     """One VLA experiment. Field defaults are OpenVLA's `siglip-224px+mx-bridge` recipe."""
 
-    vla_id: str = "siglip-224px+mx-bridge"  # unique id; also the `--vla.type` choice
-    # Base-VLM registry id (prismatic.models.registry), or a path to a Prismatic run folder / HF OpenVLA folder,
-    # or a Hub repo id (see prismatic.models.loading); a path is kept as text so configs stay plain YAML.
+    # Model and freezing
+    vla_id: str = "siglip-224px+mx-bridge"  # unique id of the experiment; the `--vla.type` choice sets it
     base_vlm: str = "siglip-224px+7b"
-    freeze_vision_backbone: bool = False
-    freeze_llm_backbone: bool = False
-    unfreeze_last_llm_layer: bool = False  # only meaningful when the LLM is frozen
+    """Base-VLM registry id (prismatic/models/registry.py), a Prismatic run folder, an HF OpenVLA folder, or a Hub
+    repo id to start from (a path is kept as text so configs stay plain YAML)."""
+    freeze_vision_backbone: bool = False  # keep the vision backbone's weights fixed (OpenVLA's "icy" runs)
+    freeze_llm_backbone: bool = False  # keep the LLM's weights fixed (with unfreeze_last_llm_layer: sandwich)
+    unfreeze_last_llm_layer: bool = False  # train the LLM's last layer (only when the LLM is frozen)
 
     # Data
-    data_mix: str = "bridge"  # mixture registry id (prismatic.vla.datasets.rlds.mixtures)
-    shuffle_buffer_size: int = 256_000  # frames held by the frame-level shuffle buffer (per rank)
+    data_mix: str = "bridge"  # mixture or dataset name (prismatic/vla/datasets/rlds/mixtures.py)
+    shuffle_buffer_size: int = 256_000  # frames held by the frame-level shuffle buffer (per rank, >= 1)
 
     # Optimisation
-    epochs: int = 1000  # used when `max_steps` is None
-    max_steps: int | None = None  # optimiser steps; overrides `epochs`
+    epochs: int = 1000  # passes over the data; used when max_steps is null
+    max_steps: int | None = None  # optimiser steps to train for (>= 1); overrides epochs
     expected_world_size: int = 8  # training refuses to start on another number of processes
     global_batch_size: int = 256  # = per_device_batch_size * world_size * grad accumulation steps
-    per_device_batch_size: int = 32
-    learning_rate: float = 2e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    lr_scheduler_type: str = "constant"  # one of LR_SCHEDULERS
-    warmup_ratio: float = 0.0  # fraction of steps spent warming up (warmup schedules only)
-    train_strategy: str = "fsdp-full-shard"  # one of TRAIN_STRATEGIES
+    per_device_batch_size: int = 32  # samples per process per forward pass
+    learning_rate: float = 2e-5  # peak learning rate of AdamW (> 0)
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay (>= 0)
+    max_grad_norm: float = 1.0  # gradients are clipped to this global L2 norm (> 0)
+    lr_scheduler_type: str = "constant"  # constant or linear-warmup+cosine-decay
+    warmup_ratio: float = 0.0  # fraction of steps spent warming up, in [0, 1) (warmup schedules only)
+    train_strategy: str = "fsdp-full-shard"  # fsdp-full-shard, fsdp-shard-grad-op or ddp
 
     # LoRA (peft): train low-rank adapters instead of the weights, through the same loop and strategies. The
     # freeze flags still choose which modules train; LoRA puts adapters on their linear layers (lm_head excluded)
     # and freezes the rest. Merge into plain weights with vla_scripts/merge_lora.py (export_hf.py merges too).
-    use_lora: bool = False
-    lora_rank: int = 32
-    lora_alpha: float | None = None  # None: min(lora_rank, 16), OpenVLA's choice
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"  # or comma-separated Linear names, e.g. "q_proj,v_proj"
+    use_lora: bool = False  # train LoRA adapters instead of the weights
+    lora_rank: int = 32  # rank of each adapter (>= 1)
+    lora_alpha: float | None = None  # adapter scale (> 0); null: min(lora_rank, 16), OpenVLA's choice
+    lora_dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
+    lora_target_modules: str = "all-linear"  # all-linear, or comma-separated Linear names, e.g. q_proj,v_proj
 
+    # Memory and precision
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
+
+    def __post_init__(self) -> None:
+        # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
+        self.check_values()
 
     def lora_settings(self) -> LoraSettings | None:
         """The LoRA settings when `use_lora`, else None (imported lazily: the config stays torch-free)."""
@@ -104,8 +111,52 @@ class VLAConfig(ChoiceRegistry):
             )
         return self.global_batch_size // per_step
 
+    def check_values(self) -> None:
+        """Check every range and name that needs no world size; raise `ConfigError` with the bad value and the
+        valid range (called on construction and again by `validate`, as fields can be set afterwards)."""
+        for name, value, choices in (
+            ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
+            ("train_strategy", self.train_strategy, TRAIN_STRATEGIES),
+        ):
+            if value not in choices:
+                raise ConfigError(
+                    f"Unknown {name} '{value}' (--vla.{name}).{did_you_mean(value, choices)} Valid choices: "
+                    f"{', '.join(choices)}."
+                )
+        for name in (
+            "per_device_batch_size",
+            "global_batch_size",
+            "epochs",
+            "expected_world_size",
+            "shuffle_buffer_size",
+            "lora_rank",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--vla.{name}={getattr(self, name)} is out of range: it must be an integer >= 1."
+                )
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(
+                f"--vla.max_steps={self.max_steps} is out of range: it must be an integer >= 1 (or null to train "
+                "for --vla.epochs)."
+            )
+        for name, value, valid, ok in (
+            ("learning_rate", self.learning_rate, "a finite number > 0, e.g. 2e-5", 0 < self.learning_rate),
+            ("max_grad_norm", self.max_grad_norm, "a finite number > 0, e.g. 1.0", 0 < self.max_grad_norm),
+            ("weight_decay", self.weight_decay, "a finite number >= 0, e.g. 0.01", 0 <= self.weight_decay),
+            ("warmup_ratio", self.warmup_ratio, "in [0, 1), e.g. 0.05", 0 <= self.warmup_ratio < 1),
+            ("lora_dropout", self.lora_dropout, "in [0, 1), e.g. 0.05", 0 <= self.lora_dropout < 1),
+        ):
+            if not (ok and math.isfinite(value)):  # NaN fails every comparison, so it lands here too
+                raise ConfigError(f"--vla.{name}={value} is out of range: it must be {valid}.")
+        if self.lora_alpha is not None and not (0 < self.lora_alpha and math.isfinite(self.lora_alpha)):
+            raise ConfigError(
+                f"--vla.lora_alpha={self.lora_alpha} is out of range: it must be a finite number > 0 (or null for "
+                "min(lora_rank, 16))."
+            )
+
     def validate(self, world_size: int) -> None:
-        """Check values that draccus cannot type-check; raise `ConfigError` naming the bad value."""
+        """Check the config for this world size; raise `ConfigError` naming the bad value and the valid range."""
         if world_size != self.expected_world_size:
             raise ConfigError(
                 f"vla '{self.vla_id}' expects expected_world_size={self.expected_world_size} processes but "
@@ -113,34 +164,7 @@ class VLAConfig(ChoiceRegistry):
                 f"{self.expected_world_size} ...` or pass --vla.expected_world_size {world_size} (and check "
                 "the batch sizes)."
             )
-        for name, value, choices in (
-            ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
-            ("train_strategy", self.train_strategy, TRAIN_STRATEGIES),
-        ):
-            if value not in choices:
-                raise ConfigError(
-                    f"Unknown {name} '{value}'.{did_you_mean(value, choices)} Valid choices: {', '.join(choices)}."
-                )
-        for name in ("per_device_batch_size", "global_batch_size", "epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be at least 1.")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"max_steps={self.max_steps} must be at least 1 (or unset to train by epochs).")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1).")
-        if self.learning_rate <= 0 or self.max_grad_norm <= 0 or self.weight_decay < 0:
-            raise ConfigError(
-                f"learning_rate={self.learning_rate} and max_grad_norm={self.max_grad_norm} must be > 0 and "
-                f"weight_decay={self.weight_decay} >= 0."
-            )
-        if self.use_lora and (self.lora_rank < 1 or not 0.0 <= self.lora_dropout < 1.0):
-            raise ConfigError(
-                f"lora_rank={self.lora_rank} must be at least 1 and lora_dropout={self.lora_dropout} in [0, 1)."
-            )
-        if self.use_lora and self.lora_alpha is not None and self.lora_alpha <= 0:
-            raise ConfigError(f"lora_alpha={self.lora_alpha} must be > 0 (or unset for min(lora_rank, 16)).")
-        if self.shuffle_buffer_size < 1:
-            raise ConfigError(f"shuffle_buffer_size={self.shuffle_buffer_size} must be at least 1.")
+        self.check_values()
         _ = self.stage
         self.grad_accumulation_steps(world_size)
 

@@ -1,0 +1,499 @@
+"""The catalogue of bad command lines: every script answers each with exit code 2, one paragraph naming the bad
+value and what to do, and no traceback.
+
+Each case runs the real script as a subprocess (what a user sees: exit code, stderr); they run in parallel, and
+nearly all fail while parsing, before torch or TensorFlow load, so the whole catalogue takes seconds.
+`docs/common_errors.md` is checked against it: every phrase it quotes from a message is a key phrase of a case
+here. The flag grammar itself is unit-tested in `tests/util/test_cli.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "vla_scripts"
+DOC = REPO / "docs" / "common_errors.md"
+
+# The tiny preset as one process: `--vla.type tiny+mx-toy` alone expects 2 processes.
+TINY = ("--vla.type", "tiny+mx-toy")
+ONE_PROCESS = (*TINY, "--vla.expected_world_size", "1", "--vla.global_batch_size", "8")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad command line. `{tmp}` in an argument is the catalogue's scratch folder (see `scratch`)."""
+
+    id: str
+    script: str
+    args: tuple[str, ...]
+    key_words: tuple[str, ...]  # each must appear in the message
+    absent: tuple[str, ...] = ()  # none of these may appear in the message
+
+
+CASES = [
+    # --- train.py: types and flags -----------------------------------------------------------------------------
+    Case(
+        "wrong-type", "train", (*TINY, "--vla.max_steps", "abc"), ("--vla.max_steps got 'abc'", "an integer")
+    ),
+    Case("float-for-int", "train", (*TINY, "--seed", "1.5"), ("--seed got '1.5'", "an integer")),
+    Case(
+        "not-a-bool", "train", (*TINY, "--image_aug", "maybe"), ("--image_aug got 'maybe'", "true or false")
+    ),
+    Case("null-for-int", "train", (*TINY, "--seed", "null"), ("--seed got 'null'", "null is not allowed")),
+    Case(
+        "list-for-scalar",
+        "train",
+        (*TINY, "--vla.learning_rate", "[1e-4, 2e-4]"),
+        ("--vla.learning_rate got", "not a list"),
+    ),
+    Case("two-values", "train", (*TINY, "--seed", "1", "2"), ("--seed takes one value but got 2",)),
+    Case(
+        "unknown-flag",
+        "train",
+        (*TINY, "--vla.learning_rat", "1e-4"),
+        ("Unknown flag --vla.learning_rat", "Did you mean '--vla.learning_rate'?"),
+    ),
+    Case(
+        "flag-outside-its-group",
+        "train",
+        (*TINY, "--max_steps", "10"),
+        ("Unknown flag --max_steps", "Did you mean '--vla.max_steps'?"),
+    ),
+    Case(
+        "unknown-preset",
+        "train",
+        ("--vla.type", "tiny+mx-tyo"),
+        ("Unknown --vla.type 'tiny+mx-tyo'. Did you mean 'tiny+mx-toy'?",),
+    ),
+    Case(
+        "missing-value",
+        "train",
+        (*TINY, "--data_root_dir"),
+        ("--data_root_dir needs a value", "a single path"),
+    ),
+    Case("positional", "train", ("tiny+mx-toy",), ("Unexpected argument 'tiny+mx-toy'", "--name value")),
+    Case("single-dash", "train", (*TINY, "-lr", "3e-4"), ("Unexpected argument '-lr'", "two dashes")),
+    Case(
+        "missing-plugin",
+        "train",
+        ("--plugins", "no_such_plugin_module", *TINY),
+        ("Plugin module 'no_such_plugin_module'", "cannot be imported"),
+    ),
+    # --- train.py: --config_path --------------------------------------------------------------------------------
+    Case(
+        "config-missing", "train", ("--config_path", "{tmp}/nope.yaml"), ("--config_path", "does not exist")
+    ),
+    Case("config-is-folder", "train", ("--config_path", "{tmp}"), ("is a folder, not a file",)),
+    Case(
+        "config-malformed",
+        "train",
+        ("--config_path", "{tmp}/malformed.yaml"),
+        ("is not valid YAML at line 5", "while parsing a flow sequence started at line 4"),
+    ),
+    Case(
+        "config-not-a-mapping",
+        "train",
+        ("--config_path", "{tmp}/a_list.yaml"),
+        ("holds a list", "mapping of field names to values"),
+    ),
+    Case(
+        "config-list-for-scalar",
+        "train",
+        ("--config_path", "{tmp}/list_value.yaml"),
+        ("'seed' got '[1, 2]' in config file", "not a list"),
+    ),
+    Case(
+        "config-unknown-field",
+        "train",
+        ("--config_path", "{tmp}/unknown_field.yaml"),
+        ("Unknown field 'vla.learning_rat' in config file", "Did you mean 'vla.learning_rate'?"),
+    ),
+    Case(
+        "config-group-not-a-mapping",
+        "train",
+        ("--config_path", "{tmp}/vla_scalar.yaml"),
+        ("'vla' in config file", "must be a mapping"),
+    ),
+    Case(
+        "config-unknown-preset",
+        "train",
+        ("--config_path", "{tmp}/unknown_preset.yaml"),
+        ("Unknown --vla.type 'tiny+mx-tyo'", "in config file"),
+    ),
+    # --- train.py: values out of range (negative numbers are values, then rejected with the valid range) ------
+    Case(
+        "negative-lr",
+        "train",
+        (*TINY, "--vla.learning_rate", "-1e-4"),
+        ("--vla.learning_rate=-0.0001 is out of range", "> 0"),
+    ),
+    Case(
+        "nan-lr", "train", (*TINY, "--vla.learning_rate", "nan"), ("--vla.learning_rate=nan is out of range",)
+    ),
+    Case(
+        "zero-batch",
+        "train",
+        (*TINY, "--vla.per_device_batch_size", "0"),
+        ("--vla.per_device_batch_size=0 is out of range", ">= 1"),
+    ),
+    Case(
+        "negative-global-batch",
+        "train",
+        (*TINY, "--vla.global_batch_size", "-16"),
+        ("--vla.global_batch_size=-16 is out of range",),
+    ),
+    Case("zero-steps", "train", (*TINY, "--vla.max_steps", "0"), ("--vla.max_steps=0 is out of range",)),
+    Case(
+        "negative-weight-decay",
+        "train",
+        (*TINY, "--vla.weight_decay", "-0.1"),
+        ("--vla.weight_decay=-0.1 is out of range", ">= 0"),
+    ),
+    Case("warmup-range", "train", (*TINY, "--vla.warmup_ratio", "1.5"), ("--vla.warmup_ratio=1.5", "[0, 1)")),
+    Case(
+        "unknown-scheduler",
+        "train",
+        (*TINY, "--vla.lr_scheduler_type", "cosine"),
+        ("Unknown lr_scheduler_type 'cosine'", "constant, linear-warmup+cosine-decay"),
+    ),
+    Case(
+        "unknown-strategy",
+        "train",
+        (*TINY, "--vla.train_strategy", "fsdp2"),
+        ("Unknown train_strategy 'fsdp2'", "fsdp-full-shard, fsdp-shard-grad-op, ddp"),
+    ),
+    Case(
+        "unknown-tracker",
+        "train",
+        (*TINY, "--trackers", "jsnol"),
+        ("Unknown tracker 'jsnol'", "Did you mean 'jsonl'?"),
+    ),
+    Case(
+        "tracker-is-a-word",  # `--trackers jsonl,...` once became the characters j, s, o, n, l
+        "train",
+        (*TINY, "--trackers", "jsonl,tensorboard"),
+        ("Unknown tracker 'tensorboard'",),
+        absent=("'j'",),
+    ),
+    Case("save-interval", "train", (*TINY, "--save_interval", "0"), ("--save_interval=0 is out of range",)),
+    Case("negative-seed", "train", (*TINY, "--seed", "-1"), ("--seed=-1 is out of range",)),
+    # --- train.py: checks against the world size and the file system (still before the model loads) ----------
+    Case("world-size", "train", TINY, ("expected_world_size=2", "world_size=1", "--nproc-per-node 2")),
+    Case(
+        "data-root-missing",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/nope"),
+        ("data_root_dir '{tmp}/nope' does not exist",),
+    ),
+    Case(
+        "data-root-is-file",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/a_file.txt"),
+        ("is not a folder",),
+    ),
+    Case(
+        "resume-without-checkpoint",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--resume_step", "5"),
+        ("without --pretrained_checkpoint",),
+    ),
+    Case(
+        "checkpoint-missing",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--pretrained_checkpoint", "{tmp}/nope.pt"),
+        ("pretrained_checkpoint '{tmp}/nope.pt' does not exist",),
+    ),
+    Case(
+        "unknown-mixture",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--vla.data_mix", "tyo"),
+        ("Unknown dataset mixture 'tyo'", "Did you mean 'toy'?"),
+    ),
+    # --- export_hf.py / merge_lora.py ---------------------------------------------------------------------------
+    Case(
+        "export-missing-required",
+        "export_hf",
+        (),
+        ("Missing required flags: --checkpoint", "--out_dir (the HF OpenVLA folder to write)"),
+    ),
+    Case(
+        "export-checkpoint-missing",
+        "export_hf",
+        ("--checkpoint", "{tmp}/nope", "--out_dir", "{tmp}/out"),
+        ("--checkpoint '{tmp}/nope' does not exist",),
+    ),
+    Case(
+        "export-dtype",
+        "export_hf",
+        ("--checkpoint", "{tmp}/a_file.txt", "--out_dir", "{tmp}/out", "--dtype", "float8"),
+        ("Unknown --dtype 'float8'", "bfloat16, float32, float16"),
+    ),
+    Case(
+        "export-shard-size",
+        "export_hf",
+        ("--checkpoint", "{tmp}/a_file.txt", "--out_dir", "{tmp}/out", "--max_shard_size", "5GiB"),
+        ("--max_shard_size '5GiB' is not a size",),
+    ),
+    Case(
+        "export-out-is-file",
+        "export_hf",
+        ("--checkpoint", "{tmp}/a_file.txt", "--out_dir", "{tmp}/a_file.txt"),
+        ("--out_dir '{tmp}/a_file.txt' is a file",),
+    ),
+    Case(
+        "merge-missing-out",
+        "merge_lora",
+        ("--checkpoint", "{tmp}/a_file.txt"),
+        ("Missing required flag: --out_dir",),
+    ),
+    Case(
+        "merge-dtype",
+        "merge_lora",
+        ("--checkpoint", "{tmp}/a_file.txt", "--out_dir", "{tmp}/out", "--hf_dtype", "fp8"),
+        ("Unknown --hf_dtype 'fp8'",),
+    ),
+    # --- dataset_stats.py / convert_to_rlds.py / build_toy_dataset.py ------------------------------------------
+    Case(
+        "stats-missing-mix",
+        "dataset_stats",
+        ("--data_root_dir", "{tmp}/empty"),
+        ("Missing required flag: --data_mix",),
+    ),
+    Case(
+        "stats-workers-text",
+        "dataset_stats",
+        ("--data_root_dir", "{tmp}/empty", "--data_mix", "toy", "--num_workers", "many"),
+        ("--num_workers got 'many'", "an integer"),
+    ),
+    Case(
+        "stats-workers-zero",
+        "dataset_stats",
+        ("--data_root_dir", "{tmp}/empty", "--data_mix", "toy", "--num_workers", "0"),
+        ("--num_workers=0 is out of range",),
+    ),
+    Case(
+        "stats-root-missing",
+        "dataset_stats",
+        ("--data_root_dir", "{tmp}/nope", "--data_mix", "toy"),
+        ("--data_root_dir '{tmp}/nope' does not exist",),
+    ),
+    Case(
+        "convert-name",
+        "convert_to_rlds",
+        ("--episodes_dir", "{tmp}/empty", "--data_root_dir", "{tmp}/out", "--name", "My Robot"),
+        ("--name 'My Robot' is not a dataset name",),
+    ),
+    Case(
+        "convert-version-stays-text",  # read as YAML, 1.0 would have become the number 1.0
+        "convert_to_rlds",
+        (
+            "--episodes_dir",
+            "{tmp}/empty",
+            "--data_root_dir",
+            "{tmp}/out",
+            "--name",
+            "my_robot",
+            "--version",
+            "1.0",
+        ),
+        ("--version '1.0' is not major.minor.patch",),
+    ),
+    Case(
+        "convert-val-fraction",
+        "convert_to_rlds",
+        (
+            "--episodes_dir",
+            "{tmp}/empty",
+            "--data_root_dir",
+            "{tmp}/out",
+            "--name",
+            "r",
+            "--val_fraction",
+            "1.5",
+        ),
+        ("--val_fraction", "[0, 1)"),
+    ),
+    Case(
+        "convert-episodes-missing",
+        "convert_to_rlds",
+        ("--episodes_dir", "{tmp}/nope", "--data_root_dir", "{tmp}/out", "--name", "my_robot"),
+        ("--episodes_dir '{tmp}/nope'",),
+    ),
+    Case("toy-missing-root", "build_toy_dataset", (), ("Missing required flag: --data_root_dir",)),
+    Case(
+        "toy-seed-text",
+        "build_toy_dataset",
+        ("--data_root_dir", "{tmp}/out", "--seed", "abc"),
+        ("--seed got 'abc'", "an integer"),
+    ),
+    # --- evaluate.py / serve.py ---------------------------------------------------------------------------------
+    Case(
+        "evaluate-checkpoint-missing",
+        "evaluate",
+        ("--checkpoint", "{tmp}/nope/checkpoints/step-1.pt", "--data_root_dir", "{tmp}/empty"),
+        ("does not exist",),
+    ),
+    Case(
+        "evaluate-split",
+        "evaluate",
+        ("--checkpoint", "{tmp}", "--data_root_dir", "{tmp}/empty", "--split", "test"),
+        ("Unknown --split 'test'",),
+    ),
+    Case(
+        "evaluate-batch",
+        "evaluate",
+        ("--checkpoint", "{tmp}", "--data_root_dir", "{tmp}/empty", "--batch_size", "0"),
+        ("--batch_size must be >= 1",),
+    ),
+    Case(
+        "serve-port", "serve", ("--checkpoint", "{tmp}", "--port", "70000"), ("--port must be in 1..65535",)
+    ),
+    Case(
+        "serve-checkpoint-missing",
+        "serve",
+        ("--checkpoint", "{tmp}/nope/run"),
+        ("--checkpoint '{tmp}/nope/run' does not exist",),
+    ),
+    Case(
+        "serve-negative-wait",
+        "serve",
+        ("--checkpoint", "{tmp}", "--max_wait_ms", "-5"),
+        ("--max_wait_ms must be >= 0",),
+    ),
+]
+SCRIPT_NAMES = sorted(p.stem for p in SCRIPTS.glob("*.py"))
+
+
+def _env() -> dict[str, str]:
+    """The environment of a plain user shell: no torchrun variables, no plugins, W&B off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "PRISMATIC_PLUGINS"))}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return {**env, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _run(script: str, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPTS / f"{script}.py"), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files the cases point at: broken config files, a file where a folder is expected, an empty data root."""
+    tmp = tmp_path_factory.mktemp("cli_errors")
+    (tmp / "empty").mkdir()
+    (tmp / "a_file.txt").write_text("not a folder, not a checkpoint\n")
+    (tmp / "malformed.yaml").write_text("vla:\n  type: tiny+mx-toy\nseed: 7\ntrackers: [jsonl\n")
+    (tmp / "a_list.yaml").write_text("- seed\n- 7\n")
+    (tmp / "list_value.yaml").write_text("vla:\n  type: tiny+mx-toy\nseed: [1, 2]\n")
+    (tmp / "unknown_field.yaml").write_text("vla:\n  type: tiny+mx-toy\n  learning_rat: 0.001\n")
+    (tmp / "vla_scalar.yaml").write_text("vla: tiny+mx-toy\n")
+    (tmp / "unknown_preset.yaml").write_text("vla:\n  type: tiny+mx-tyo\n")
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def results(scratch: Path) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
+    """Every case, run in parallel: id -> (completed process, seconds)."""
+
+    def one(case: Case) -> tuple[str, tuple[subprocess.CompletedProcess, float]]:
+        start = time.perf_counter()
+        proc = _run(case.script, [a.replace("{tmp}", str(scratch)) for a in case.args])
+        return case.id, (proc, time.perf_counter() - start)
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return dict(pool.map(one, CASES))
+
+
+def test_the_catalogue_covers_every_script() -> None:
+    assert len(CASES) >= 30
+    assert len({case.id for case in CASES}) == len(CASES)
+    assert {case.script for case in CASES} == set(SCRIPT_NAMES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_one_paragraph_exit_2(case: Case, results: dict, scratch: Path) -> None:
+    proc, _ = results[case.id]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]  # one paragraph, printed once
+    message = errors[0]
+    for word in case.key_words:
+        assert word.replace("{tmp}", str(scratch)) in message, message
+    for word in case.absent:
+        assert word not in message, message
+
+
+def test_most_cases_fail_before_heavy_imports(results: dict) -> None:
+    """Parsing and range errors cost a Python start-up, not a torch / TensorFlow one."""
+    seconds = sorted(elapsed for _, elapsed in results.values())
+    assert seconds[len(seconds) // 2] < 10, seconds  # the median, generous for a loaded 2-core CI machine
+
+
+@pytest.mark.parametrize("script", SCRIPT_NAMES)
+def test_help_has_an_example_and_every_flag(script: str) -> None:
+    start = time.perf_counter()
+    proc = _run(script, ["--help"])
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"usage: {script}.py")
+    assert re.search(rf"(python|torchrun) .*vla_scripts/{script}\.py --", proc.stdout), "no example command"
+    flags = re.findall(r"^  (--[\w.]+) ", proc.stdout, flags=re.MULTILINE)
+    assert len(flags) == len(set(flags)) >= 2
+    if script == "train":
+        assert {"--vla.type", "--vla.learning_rate", "--data_root_dir", "--trackers"} <= set(flags)
+        assert elapsed < 2.0, f"train.py --help took {elapsed:.2f} s"
+
+
+def test_under_torchrun_the_message_comes_first_once_and_in_the_summary() -> None:
+    """Every rank meets the same mistake: local rank 0 prints it, each rank records it, torchrun's failure
+    summary shows it as the ranks' "traceback", and no rank prints a traceback of its own."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "train.py"),
+        *TINY,
+        "--vla.learning_rate",
+        "-1e-4",
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    message = "--vla.learning_rate=-0.0001 is out of range"
+    printed = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(printed) == 1 and message in printed[0], proc.stderr[-3000:]
+    summary = proc.stderr[proc.stderr.index("FAILED") :]
+    assert proc.stderr.index(printed[0]) < proc.stderr.index("FAILED")  # ours first, then torchrun's summary
+    assert f"traceback : error: {message}" in summary.split("Root Cause")[1]
+    assert proc.stderr.count("Traceback (most recent call last)") <= 1  # at most torchrun's own launcher
+
+
+def test_common_errors_doc_quotes_the_catalogue() -> None:
+    """Each phrase that docs/common_errors.md quotes from a message (in "double quotes" in its Message column) is
+    a key phrase of a catalogue case, so the doc cannot drift from what the tools print."""
+    key_words = {word for case in CASES for word in case.key_words}
+    rows = [line for line in DOC.read_text().splitlines() if line.startswith("| `")]
+    assert len(rows) >= 10
+    for row in rows:
+        quoted = re.findall(r'"([^"]+)"', row.split("|")[2])
+        assert quoted, f"no quoted message in: {row}"
+        for phrase in quoted:
+            assert phrase in key_words, (
+                f"docs/common_errors.md quotes {phrase!r}, which no catalogue case checks"
+            )
