@@ -64,5 +64,10 @@ bench-predict: $(STAMP)
 bench-serve: $(STAMP)
 	$(BIN)/python benchmarks/bench_serve.py
 
+# Peak host memory of loading a sharded HF checkpoint: streamed vs all at once, FP32 vs bf16 (bench_load.py).
+.PHONY: bench-load
+bench-load: $(STAMP)
+	$(BIN)/python benchmarks/bench_load.py
+
 # All benchmarks; each prints its figures.
-bench: bench-data bench-train bench-predict bench-serve
+bench: bench-data bench-train bench-predict bench-serve bench-load
