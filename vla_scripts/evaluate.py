@@ -100,6 +100,11 @@ def resolve_data_mix(cfg: EvaluateConfig) -> str:
         return cfg.data_mix
     local = _local_checkpoint(cfg.checkpoint)
     data_mix = run_data_mix(local) if local is not None else None
+    if local is None:
+        raise ConfigError(
+            f"--checkpoint '{cfg.checkpoint}' is no local file or folder. Pass a run folder, one of its "
+            "checkpoints/*.pt or an HF OpenVLA folder; for a Hub id, also pass --data_mix <mixture or dataset>."
+        )
     if data_mix is None:
         raise ConfigError(
             f"--checkpoint '{cfg.checkpoint}' does not say which mixture it was trained on (no run folder "
