@@ -326,6 +326,34 @@ def test_mixture_dataset_missing_from_data_root_is_a_clear_error(toy_data_root: 
     assert "toy_push" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("strategy", ["fsdp-full-shard", "fsdp-shard-grad-op"])
+def test_fsdp_bf16_with_gradient_accumulation(strategy: str, toy_data_root: Path, tmp_path: Path):
+    """FSDP + bf16 + 4 accumulated micro-batches (2 x 2 processes x 8 = 32): the ViT block after the feature layer
+    never runs, and sharding it as its own unit crashed the first no-sync backward. Its weights still reach the
+    checkpoint, untrained."""
+    from prismatic.models import build_vlm
+
+    args = tiny_args(toy_data_root, tmp_path, "accum", "--vla.global_batch_size", "32")
+    args += ["--vla.max_steps", "2", "--vla.train_strategy", strategy]
+    args += ["--vla.enable_mixed_precision_training", "true", "--trackers", "jsonl"]
+    proc = run_train(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    records = read_metrics(tmp_path / "accum")
+    assert [r["step"] for r in records] == [1, 2] and all(r["loss"] == r["loss"] for r in records)
+    vision = torch.load(checkpoints(tmp_path / "accum")[2], weights_only=True)["model"]["vision_backbone"]
+    torch.manual_seed(7)  # the run's seed: the same initial weights
+    built = build_vlm("tiny-vit+tiny-llama").vision_backbone
+    assert set(vision) == set(built.state_dict())
+    unused = {
+        name
+        for name, p in built.named_parameters()
+        if any(p is q for m in built.unused_modules() for q in m.parameters())
+    }
+    # Frozen weights are kept in bf16 under mixed precision, so they come back bf16-rounded.
+    initial = {name: built.state_dict()[name].to(torch.bfloat16).float() for name in unused}
+    assert unused and all(torch.equal(vision[name], initial[name]) for name in unused)
+
+
 def test_fused_backbone_shard_grad_op_bf16_last_layer(toy_data_root: Path, tmp_path: Path):
     """The other code paths: fused DINO+SigLIP backbone, ZeRO-2 sharding, bf16 mixed precision, frozen stages."""
     proc = run_train(

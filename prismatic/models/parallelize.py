@@ -95,11 +95,19 @@ def apply_fsdp(
 
     `reshard_after_forward=True` is full sharding (ZeRO-3); False keeps parameters gathered between forward and
     backward (ZeRO-2, "shard-grad-op").
+
+    Vision modules that never run (blocks after the feature layer, final norm, heads; frozen by
+    `freeze_unused`) are left out of FSDP (`ignored_params`): a unit whose forward never runs is never gathered,
+    and its post-backward hook then fails on micro-batches without gradient sync (accumulation). They stay in
+    the module, whole on every rank (one ViT block at most), so checkpoints keep timm's and Prismatic's keys.
     """
     kwargs = {"mesh": mesh, "mp_policy": mp_policy, "reshard_after_forward": reshard_after_forward}
+    unused = vlm.vision_backbone.unused_modules()
+    unused_ids = {id(module) for module in unused}
     for block in vlm.vision_backbone.get_blocks():
-        fully_shard(block, **kwargs)
+        if id(block) not in unused_ids:
+            fully_shard(block, **kwargs)
     for layer in vlm.llm_backbone.get_layers():
         fully_shard(layer, **kwargs)
-    fully_shard(vlm, **kwargs)
+    fully_shard(vlm, **kwargs, ignored_params={p for module in unused for p in module.parameters()})
     return vlm
