@@ -54,7 +54,7 @@ from prismatic.models.materialize import VLMArchitecture
 from prismatic.models.registry import BaseVLMSpec
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.util.errors import ConfigError, did_you_mean
-from prismatic.util.files import normal_permissions, write_json_atomic
+from prismatic.util.files import normal_permissions, write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -216,13 +216,41 @@ def openvla_tokenizer_class(tokenizer: PreTrainedTokenizerBase) -> str:
     )
 
 
+def legacy_bpe_merges(tokenizer_json: dict[str, Any]) -> bool:
+    """Write a BPE model's merges as "a b" strings, the only form tokenizers < 0.20 parses (transformers 4.40,
+    OpenVLA's pin, fails with "data did not match any variant of untagged enum ModelWrapper" on the [a, b] pairs
+    that tokenizers >= 0.20 writes). Kept as pairs when a part holds a space (not expressible the old way).
+    Returns whether `tokenizer_json` changed."""
+    model = tokenizer_json.get("model", {})
+    merges = model.get("merges")
+    if model.get("type") != "BPE" or not merges or not all(isinstance(m, list) for m in merges):
+        return False
+    if any(" " in part for merge in merges for part in merge):
+        logger.warning("Tokenizer merges contain spaces: tokenizer.json keeps tokenizers >= 0.20's format.")
+        return False
+    model["merges"] = [" ".join(merge) for merge in merges]
+    return True
+
+
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
-    """`save_pretrained`, then name a class in `tokenizer_config.json` that OpenVLA's transformers knows."""
+    """`save_pretrained`, then make the files loadable by OpenVLA's transformers (4.40): a class it knows in
+    `tokenizer_config.json`, and BPE merges in the format its tokenizers (0.19) reads."""
     tokenizer.save_pretrained(str(out_dir))
+    tokenizer_path = out_dir / "tokenizer.json"
+    if tokenizer_path.is_file():
+        tokenizer_json = json.loads(tokenizer_path.read_text())
+        if legacy_bpe_merges(tokenizer_json):
+            write_text_atomic(
+                tokenizer_path,
+                json.dumps(tokenizer_json, indent=2, ensure_ascii=False) + "\n",
+                "the tokenizer",
+            )
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     config["tokenizer_class"] = openvla_tokenizer_class(tokenizer)
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(
+        config_path, json.dumps(config, indent=2, ensure_ascii=False) + "\n", "the tokenizer config"
+    )
 
 
 def _processor_configs(vlm: PrismaticVLM, spec: BaseVLMSpec) -> tuple[dict, dict]:

@@ -176,6 +176,22 @@ def test_exported_tokenizer_names_a_class_openvla_transformers_loads(vlm, tmp_pa
     loaded = load_vla(out).vlm.llm_backbone.tokenizer
     assert loaded(text).input_ids == vlm.llm_backbone.tokenizer(text).input_ids
     assert loaded.pad_token == "<PAD>" and len(loaded) == len(vlm.llm_backbone.tokenizer)
+    # tokenizers < 0.20 (transformers 4.40's) reads BPE merges only as "a b" strings; [a, b] pairs, which newer
+    # tokenizers write, fail there with "data did not match any variant of untagged enum ModelWrapper" (checked
+    # by hand with transformers 4.40.2 / tokenizers 0.19.1 on an export of the demo run).
+    model = json.loads((out / "tokenizer.json").read_text())["model"]
+    assert model["type"] == "BPE" and model["merges"]
+    assert all(isinstance(m, str) and len(m.split(" ")) == 2 for m in model["merges"])
+
+
+def test_merges_with_spaces_keep_the_pair_format() -> None:
+    from prismatic.models.hf_openvla import legacy_bpe_merges
+
+    pairs = {"model": {"type": "BPE", "merges": [["a", "b"], ["ab", "c"]]}}
+    assert legacy_bpe_merges(pairs) and pairs["model"]["merges"] == ["a b", "ab c"]
+    spaced = {"model": {"type": "BPE", "merges": [["a b", "c"]]}}
+    assert not legacy_bpe_merges(spaced) and spaced["model"]["merges"] == [["a b", "c"]]
+    assert not legacy_bpe_merges({"model": {"type": "Unigram"}})
 
 
 def test_llama_tokenizer_is_exported_as_llama_tokenizer_fast(tmp_path: Path) -> None:
