@@ -24,3 +24,16 @@ def toy_data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """The tiny byte-level BPE tokenizer (vocab 1024 + `<PAD>` = 1024, BOS 1, EOS 2)."""
     return load_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted reference run: tiny preset, 2 processes, 6 steps of 8 frames, checkpoints at 3 and 6,
+    evaluation at 3 and 6 (tests/train_runs.py)."""
+    from train_runs import run_train, tiny_args
+
+    run_root = tmp_path_factory.mktemp("runs")
+    args = tiny_args(toy_data_root, run_root, "full", "--eval.interval", "3", "--eval.num_batches", "1")
+    proc = run_train(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return run_root / "full"

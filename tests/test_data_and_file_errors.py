@@ -227,7 +227,7 @@ def test_random_bytes_and_truncated_checkpoints(tmp_path: Path) -> None:
         assert f"'{path}'" in message and "not a checkpoint written by this tool" in message, message
         assert "truncated or damaged" in message
         _assert_clean(message)
-    with pytest.raises(ConfigError, match="is a folder"):
+    with pytest.raises(ConfigError, match="a folder without DCP's .metadata"):
         load_checkpoint_file(tmp_path)
     assert "model" in load_checkpoint_file(good)
 
@@ -238,26 +238,35 @@ def test_checkpoint_without_training_state_cannot_resume(tmp_path: Path) -> None
 
 
 def test_resume_as_another_experiment_is_refused(caplog: pytest.LogCaptureFixture) -> None:
-    saved = {"vla_id": "tiny+mx-toy", "seed": 7, "step": 40}
-    path = Path("runs/a/checkpoints/step-000040-epoch-01-loss=1.0000.pt")
-    assert (
-        check_resume_compatible(saved, vla_id="tiny+mx-toy", seed=7, path=path, allow_config_change=False)
-        == []
-    )
+    saved = {
+        "vla_id": "tiny+mx-toy",
+        "seed": 7,
+        "data_mix": "toy",
+        "base_vlm": "tiny-vit+tiny-llama",
+        "step": 40,
+    }
+    path = Path("runs/a/checkpoints/step-000040-epoch-01")
+
+    def check(allow: bool = False, **changes):
+        return check_resume_compatible(saved, {**saved, **changes}, path=path, allow_config_change=allow)
+
+    assert check() == []
     with pytest.raises(ConfigError) as error:
-        check_resume_compatible(saved, vla_id="tiny+mx-toy", seed=8, path=path, allow_config_change=False)
+        check(seed=8)
     message = str(error.value)
     assert "--seed 8 (the checkpoint's run used 7)" in message and "Pass --seed 7" in message
     assert "--allow_config_change true" in message and "--is_resume false" in message
     with pytest.raises(ConfigError, match="--vla.type tiny-icy\\+mx-toy \\(the checkpoint's run used tiny"):
-        check_resume_compatible(saved, vla_id="tiny-icy+mx-toy", seed=7, path=path, allow_config_change=False)
+        check(vla_id="tiny-icy+mx-toy")
+    with pytest.raises(ConfigError, match="--vla.data_mix toy_push \\(the checkpoint's run used toy\\)"):
+        check(data_mix="toy_push")
+    with pytest.raises(ConfigError, match="--vla.base_vlm other \\(the checkpoint's run used tiny-vit"):
+        check(base_vlm="other")
     with caplog.at_level(logging.WARNING):
-        changes = check_resume_compatible(
-            saved, vla_id="tiny-icy+mx-toy", seed=8, path=path, allow_config_change=True
-        )
+        changes = check(allow=True, vla_id="tiny-icy+mx-toy", seed=8)
     assert len(changes) == 2 and "--allow_config_change" in caplog.text
     # Checkpoints of older versions without these keys are not refused.
-    assert check_resume_compatible({}, vla_id="x", seed=1, path=path, allow_config_change=False) == []
+    assert check_resume_compatible({}, {"vla_id": "x", "seed": 1}, path=path, allow_config_change=False) == []
 
 
 # === Writing: folders that are files, read-only and full disks ===

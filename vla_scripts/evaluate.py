@@ -40,7 +40,7 @@ logger = logging.getLogger("vla_scripts.evaluate")
 class EvaluateConfig:
     """Flags of vla_scripts/evaluate.py (examples above)."""
 
-    checkpoint: str  # a run folder, <run>/checkpoints/*.pt, an HF OpenVLA folder, or a Hub id
+    checkpoint: str  # a run folder, <run>/checkpoints/step-*, an HF OpenVLA folder, or a Hub id
     data_root_dir: Path  # folder holding the RLDS datasets (<name>/<version>/)
     data_mix: str | None = None  # mixture or dataset name; default: the run's own (config.json vla.data_mix)
     split: str = "val"  # val (held-out) or train (a sample of the training stream; needs --max_frames)
@@ -65,13 +65,10 @@ def _looks_like_path(checkpoint: str) -> bool:
     return checkpoint.endswith(".pt") or checkpoint.startswith(("/", ".", "~")) or checkpoint.count("/") > 2
 
 
-def run_folder_of(checkpoint: Path) -> Path:
-    """The run folder of a `checkpoints/*.pt` file, or the folder itself."""
-    return checkpoint.parent.parent if checkpoint.is_file() else checkpoint
-
-
 def run_data_mix(checkpoint: Path) -> str | None:
     """The mixture the run was trained on (`vla.data_mix` of its config.json), if it says."""
+    from prismatic.models.checkpoint_format import run_folder_of
+
     config_file = run_folder_of(checkpoint) / "config.json"
     if not config_file.is_file():
         return None
@@ -91,6 +88,10 @@ def default_out_path(checkpoint: str, split: str) -> Path:
         return Path(f"{checkpoint.replace('/', '--')}.eval-{split}.json")
     if local.is_file():
         return local.with_name(f"{local.stem}.eval-{split}.json")
+    if local.parent.name == "checkpoints" and local.name.startswith(
+        "step-"
+    ):  # a checkpoint folder: beside it
+        return local.with_name(f"{local.name}.eval-{split}.json")
     return local / f"eval-{split}.json"
 
 

@@ -1,7 +1,7 @@
 r"""Export a trained run (or any loadable VLA) to the Hugging Face OpenVLA layout, so evaluation code that loads
 `openvla/openvla-7b` (LIBERO, real-robot servers) loads it unchanged.
 
-    python vla_scripts/export_hf.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01-loss=0.1234.pt \
+    python vla_scripts/export_hf.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01 \
         --out_dir hf/<run_id> [--dtype bfloat16] [--hf_code_dir /path/to/openvla/prismatic/extern/hf]
 
 `--checkpoint` also takes a run folder (its latest checkpoint), a Prismatic run folder or an HF OpenVLA folder.
@@ -32,7 +32,9 @@ DTYPES = ("bfloat16", "float32", "float16")
 class ExportConfig:
     """Flags of vla_scripts/export_hf.py (examples above)."""
 
-    checkpoint: Path  # a checkpoints/*.pt of a run, a run folder, or an HF OpenVLA folder
+    checkpoint: (
+        Path  # a run's checkpoints/step-* folder (or older .pt), a run folder, or an HF OpenVLA folder
+    )
     out_dir: Path  # the HF OpenVLA folder to write
     dataset_statistics: Path | None = None  # norm_stats JSON; default: the run's dataset_statistics.json
     dtype: str = "bfloat16"  # bfloat16 (OpenVLA's release dtype), float32 or float16

@@ -1,6 +1,6 @@
 r"""Merge a LoRA run's adapters into plain weights: a run folder anyone can load without peft (and export).
 
-    python vla_scripts/merge_lora.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01-loss=0.1234.pt \
+    python vla_scripts/merge_lora.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01 \
         --out_dir runs/<run_id>-merged [--hf_out_dir hf/<run_id>]
 
 Writes `<out_dir>/config.json` (Prismatic's `model` block plus the run's `vla` block), `<out_dir>/checkpoints/
@@ -26,7 +26,7 @@ HF_DTYPES = ("bfloat16", "float32", "float16")
 class MergeConfig:
     """Flags of vla_scripts/merge_lora.py (example above)."""
 
-    checkpoint: Path  # a LoRA run's checkpoints/*.pt (or the run folder: its latest checkpoint)
+    checkpoint: Path  # a LoRA run's checkpoints/step-* folder or older *.pt (or the run folder: its newest)
     out_dir: Path  # the merged run folder to write
     hf_out_dir: Path | None = None  # also export the merged model in the HF OpenVLA layout
     hf_dtype: str = "bfloat16"  # dtype of the HF export: bfloat16, float32 or float16
@@ -46,11 +46,12 @@ class MergeConfig:
 
 def merge(cfg: MergeConfig) -> Path:
     """Load the checkpoint (adapters merged on load) and write the plain run folder. Returns `cfg.out_dir`."""
+    from prismatic.models.checkpoint_format import run_folder_of
     from prismatic.models.hf_openvla import export_hf_openvla
     from prismatic.models.loading import LATEST_CHECKPOINT, load_vla, spec_of
     from prismatic.training.checkpointing import atomic_torch_save, group_by_module
 
-    run_dir = cfg.checkpoint.parent.parent if cfg.checkpoint.is_file() else cfg.checkpoint
+    run_dir = run_folder_of(cfg.checkpoint)
     loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token)
     spec = spec_of(loaded.vlm)
     config = {

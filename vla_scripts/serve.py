@@ -44,7 +44,7 @@ class ServeConfig:
     """Example: python vla_scripts/serve.py --checkpoint runs/<run_id> --port 8000 (clients POST OpenVLA's
     {"image", "instruction", "unnorm_key"} payload to /act; see the module docstring)."""
 
-    checkpoint: str  # a run folder, <run>/checkpoints/*.pt, an HF OpenVLA folder, or a Hub id
+    checkpoint: str  # a run folder, <run>/checkpoints/step-*, an HF OpenVLA folder, or a Hub id
     host: str = "127.0.0.1"  # loopback only; 0.0.0.0 serves every interface (no authentication!)
     port: int = 8000  # TCP port to listen on
     device: str | None = None  # default: cuda if a GPU is available, else cpu

@@ -1,14 +1,14 @@
-r"""Fine-tune a VLA: base VLM + RLDS mixture -> policy, with FSDP2 or DDP, checkpoints and exact resume.
+r"""Fine-tune a VLA: base VLM + RLDS mixture -> policy, with FSDP2 or DDP, sharded checkpoints and exact resume.
 
 Run (tiny preset, 2 CPU processes, toy data):
     torchrun --standalone --nnodes 1 --nproc-per-node 2 vla_scripts/train.py \
-        --vla.type tiny+mx-toy --data_root_dir data/toy --run_root_dir runs
+        --vla.type tiny+mx-toy --data_root_dir data/toy --run_root_dir runs --run_id demo
 
-Resume from a checkpoint of that run:
-    torchrun ... vla_scripts/train.py --vla.type tiny+mx-toy --data_root_dir data/toy --run_root_dir runs \
-        --pretrained_checkpoint runs/<run_id>/checkpoints/step-000040-epoch-01-loss=1.2345.pt \
-        --resume_step 40 --resume_epoch 1 --vla.max_steps 80
+Continue it (after a crash, a preemption or Ctrl-C) from its newest complete checkpoint: the same command plus
+    --resume                       (or --resume runs/demo/checkpoints/step-000040-epoch-01 for that one)
 
+Exit codes: 0 done; 2 a mistake in the flags or data (one paragraph says which); 143 / 130 stopped by SIGTERM /
+SIGINT after saving a checkpoint (resume with --resume); 70 a worker whose torchrun died.
 `--help` lists every flag; `--config_path file.yaml` reads them from a file (see configs/).
 """
 
@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from prismatic.util.files import check_dir_writable, make_dirs, write_text_atomi
 from prismatic.util.redact import redact_config
 
 logger = logging.getLogger("vla_scripts.train")
+DATA_SNAPSHOT_DIR = "data"  # each rank's data-stream snapshot inside a checkpoint folder
 
 
 def _jsonable(value: Any) -> Any:
@@ -50,33 +52,79 @@ def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return redact_config(out)
 
 
-def write_run_config(cfg: TrainConfig, run_dir: Path) -> None:
+def write_run_config(cfg: TrainConfig, run_dir: Path, resumed_at: str | None = None) -> None:
     """`config.json` and a `config.yaml` that `--config_path` accepts to repeat the run (each written atomically,
-    group-readable under a 022 umask; `ConfigError` naming the file when the folder cannot be written)."""
+    group-readable under a 022 umask; `ConfigError` naming the file when the folder cannot be written). A resume
+    never overwrites them: it writes `config.resume-<checkpoint>.json/.yaml` beside them."""
     import yaml
 
     resolved = config_to_dict(cfg)
-    write_text_atomic(run_dir / "config.json", json.dumps(resolved, indent=2) + "\n", "run config")
-    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False), "run config")
+    stem = "config" if resumed_at is None else f"config.resume-{resumed_at}"
+    write_text_atomic(run_dir / f"{stem}.json", json.dumps(resolved, indent=2) + "\n", "run config")
+    write_text_atomic(run_dir / f"{stem}.yaml", yaml.safe_dump(resolved, sort_keys=False), "run config")
 
 
-def train(cfg: TrainConfig) -> dict[str, float]:
-    """Set up, load, loop, finish. Returns the last step's metrics (on every rank)."""
+def prepare_new_run_folder(run_dir: Path) -> None:
+    """A new run may not write over one that has checkpoints; logs of an attempt that crashed before its first
+    checkpoint are moved aside (named in a warning), so re-running the same command just works. Rank 0 only."""
+    from datetime import datetime, timezone
+
+    from prismatic.models.checkpoint_format import CHECKPOINTS_DIR, complete_checkpoints
+    from prismatic.training.trackers import METRICS_FILE, WANDB_ID_FILE
+
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    found = complete_checkpoints(checkpoints) or sorted(checkpoints.glob("step-*.pt"))
+    if found:
+        raise ConfigError(
+            f"Run folder '{run_dir}' already holds a run with checkpoints (newest: '{found[-1]}'). Continue it with "
+            "the same command plus --resume, or start a new run with another --run_id or --run_id_note."
+        )
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for name in (METRICS_FILE, WANDB_ID_FILE):
+        if (run_dir / name).exists():
+            aside = run_dir / f"{name}.no-checkpoint-{stamp}"
+            (run_dir / name).rename(aside)
+            logger.warning(
+                "'%s' is from an earlier attempt that saved no checkpoint; moved to '%s', starting over.",
+                run_dir / name,
+                aside,
+            )
+
+
+def run_identity(cfg: TrainConfig) -> dict[str, Any]:
+    """What makes a run the same experiment (a resume with other values is refused)."""
+    return {
+        "vla_id": cfg.vla.vla_id,
+        "seed": cfg.seed,
+        "data_mix": cfg.vla.data_mix,
+        "base_vlm": cfg.vla.base_vlm,
+    }
+
+
+def train(cfg: TrainConfig) -> dict[str, float] | int:
+    """Set up, load, loop, finish. Returns the last step's metrics (every rank), or the exit code after a
+    preemption checkpoint."""
     import numpy as np
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
     from prismatic.models import load
+    from prismatic.models.action_heads import get_action_head
+    from prismatic.models.checkpoint_format import checkpoint_dir_name, load_checkpoint_file
     from prismatic.training.checkpointing import (
-        Checkpointer,
+        CheckpointManager,
         check_resume_compatible,
-        load_checkpoint_file,
-        saved_train_state,
+        load_full_model_weights,
+        read_resume_state,
+        restore_from_file,
+        training_state,
     )
     from prismatic.training.metrics import StepMetrics
+    from prismatic.training.preemption import Preempted, PreemptionHandler, exit_code
     from prismatic.training.strategies import get_train_strategy
     from prismatic.training.trackers import METRICS_FILE, build_trackers, read_metrics
+    from prismatic.training.trainer import LoopPlan, train_loop
     from prismatic.util.dist import destroy_distributed, init_distributed, run_once_per_node
     from prismatic.util.logging import setup_logging
     from prismatic.vla.action_tokenizer import ActionTokenizer
@@ -92,16 +140,12 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     dist_info = init_distributed()
     setup_logging(dist_info.rank)
     cfg.validate(dist_info.world_size)
-    resume = cfg.resume_point()
-    run_id = cfg.resolve_run_id(dist_info.num_nodes)
-    run_dir = cfg.run_root_dir / run_id
+    run_dir = cfg.resolve_run_dir(dist_info.num_nodes)
+    run_id = run_dir.name
     check_dir_writable(run_dir, "run folder (--run_root_dir / --run_id)")  # now, not after minutes of loading
-    if resume is None and (run_dir / METRICS_FILE).exists():
-        raise ConfigError(
-            f"Run folder '{run_dir}' already holds a run. Resume it with --pretrained_checkpoint "
-            f"{run_dir}/checkpoints/<checkpoint>.pt --resume_step N --resume_epoch E, or start a new run with "
-            "another --run_id or --run_id_note."
-        )
+    resume = cfg.resume_point(run_dir)
+    if resume is None and dist_info.is_main:
+        prepare_new_run_folder(run_dir)
     dist.barrier()
     logger.info(
         "Run %s -> %s (world size %d, stage %s)", run_id, run_dir, dist_info.world_size, cfg.vla.stage
@@ -112,28 +156,38 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
-    # --- load: checkpoint, model, data, strategy ------------------------------------------------------------
-    # The checkpoint first (memory-mapped, cheap): resuming it as another experiment is refused before the model
-    # and data load.
-    ckpt = load_checkpoint_file(cfg.pretrained_checkpoint) if cfg.pretrained_checkpoint is not None else None
-    samples_per_rank = 0
+    # --- what to continue: checked before the model and data load -------------------------------------------
+    frames, saved = 0, {}
     if resume is not None:
-        saved = saved_train_state(ckpt, cfg.pretrained_checkpoint)
+        saved = read_resume_state(resume.path)
         check_resume_compatible(
-            saved,
-            vla_id=cfg.vla.vla_id,
-            seed=cfg.seed,
-            path=cfg.pretrained_checkpoint,
-            allow_config_change=cfg.allow_config_change,
+            saved, run_identity(cfg), path=resume.path, allow_config_change=cfg.allow_config_change
         )
-        samples_per_rank = int(saved.get("samples_per_rank", 0))
-        if saved.get("world_size") not in (None, dist_info.world_size):
-            logger.warning(
-                "Checkpoint was written with world size %s, this run has %d: data order will differ from an "
-                "uninterrupted run.",
-                saved.get("world_size"),
-                dist_info.world_size,
+        saved_world = int(saved.get("world_size", dist_info.world_size))
+        # Older single-file checkpoints counted samples per rank.
+        frames = int(saved.get("frames", int(saved.get("samples_per_rank", 0)) * saved_world))
+        changed = [
+            f"{what} {before} -> {now}"
+            for what, before, now in (
+                ("world size", saved_world, dist_info.world_size),
+                (
+                    "global batch size",
+                    saved.get("global_batch_size", cfg.vla.global_batch_size),
+                    cfg.vla.global_batch_size,
+                ),
             )
+            if before != now
+        ]
+        logger.info(
+            "Resuming %s at step %d, epoch %d, after %d frames%s",
+            resume.path,
+            resume.step,
+            resume.epoch,
+            frames,
+            f" ({'; '.join(changed)}: the data stream continues at the same frame of the mixture)"
+            if changed
+            else "",
+        )
 
     # A registry id builds the base VLM; a Prismatic run folder / HF OpenVLA folder / Hub id loads its weights.
     vlm = load(cfg.vla.base_vlm, hf_token=cfg.resolve_hf_token())
@@ -147,24 +201,38 @@ def train(cfg: TrainConfig) -> dict[str, float]:
 
     # Statistics are computed once per node and cached beside the data; the node's other ranks wait, then read.
     run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, cfg.vla.data_mix), dist_info)
+    batch_transform = RLDSBatchTransform(
+        action_tokenizer,
+        tokenizer,
+        vlm.vision_backbone.get_image_transform(),
+        vlm.llm_backbone.prompt_builder_fn,
+    )
+    resize = tuple(vlm.vision_backbone.default_image_resolution[1:])
     dataset = RLDSDataset(
         cfg.data_root_dir,
         cfg.vla.data_mix,
-        RLDSBatchTransform(
-            action_tokenizer,
-            tokenizer,
-            vlm.vision_backbone.get_image_transform(),
-            vlm.llm_backbone.prompt_builder_fn,
-        ),
-        resize_resolution=tuple(vlm.vision_backbone.default_image_resolution[1:]),
+        batch_transform,
+        resize_resolution=resize,
         shuffle_buffer_size=cfg.vla.shuffle_buffer_size,
         train=True,
         image_aug=cfg.image_aug,
         seed=cfg.seed,
         rank=dist_info.rank,
         world_size=dist_info.world_size,
-        start_sample=samples_per_rank,
     )
+    # Every rank continues its own stream at the same share of the frames consumed so far.
+    rank_frames = frames // dist_info.world_size
+    if frames % dist_info.world_size:
+        logger.info(
+            "%d frames consumed do not split evenly over %d ranks: each continues after %d.",
+            frames,
+            dist_info.world_size,
+            rank_frames,
+        )
+    snapshot = resume.path / DATA_SNAPSHOT_DIR if resume is not None and resume.sharded else None
+    how = dataset.resume_from(rank_frames, snapshot)
+    if resume is not None:
+        logger.info("Data stream of rank %d restored at frame %d (%s)", dist_info.rank, rank_frames, how)
     logger.info(
         "Data: mixture '%s', %d train transitions, shuffle buffer %d frames (~%.2f GiB per rank, images encoded)",
         cfg.vla.data_mix,
@@ -178,28 +246,94 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     collator = PaddedCollatorForActionPrediction(max_length, tokenizer.pad_token_id)
     steps_per_epoch = max(1, len(dataset) // cfg.vla.global_batch_size)
     num_training_steps = cfg.vla.max_steps or cfg.vla.epochs * steps_per_epoch
-    start_step = resume[0] if resume is not None else 0
+    start_step = resume.step if resume is not None else 0
     if start_step >= num_training_steps:
         raise ConfigError(
             f"Resuming at step {start_step} but the run ends at step {num_training_steps}: raise "
             f"--vla.max_steps (or --vla.epochs) above {start_step}."
         )
 
+    # --- model, optimizer, state ----------------------------------------------------------------------------
+    strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
+    strategy.setup(num_training_steps)
+    counters = {"step": start_step, "epoch": resume.epoch if resume is not None else 0, "frames": frames}
+    state = training_state(strategy.model, strategy.optimizer, strategy.lr_scheduler, counters)
+    checkpoints = CheckpointManager(
+        run_dir,
+        save_interval=cfg.save_interval,
+        keep_last=cfg.checkpoint.keep_last,
+        async_save=cfg.checkpoint.async_save,
+        rank=dist_info.rank,
+    )
+    checkpoints.remove_leftovers()
+    if resume is not None and resume.sharded:
+        rng = checkpoints.load(
+            resume.path, state, same_world_size=saved.get("world_size") == dist_info.world_size
+        )
+        logger.info(
+            "Restored model, optimizer, schedule%s from %s", " and RNG states" if rng else "", resume.path
+        )
+    elif resume is not None:
+        restore_from_file(
+            strategy.model,
+            strategy.optimizer,
+            strategy.lr_scheduler,
+            load_checkpoint_file(resume.path),
+            resume.path,
+        )
+    elif cfg.pretrained_checkpoint is not None:  # --is_resume false: a new run from a checkpoint's weights
+        load_full_model_weights(
+            strategy.model, load_checkpoint_file(cfg.pretrained_checkpoint), cfg.pretrained_checkpoint
+        )
+    counters.update(step=start_step, frames=frames)
+
     if dist_info.is_main:
         make_dirs(run_dir, "run folder")
-        write_run_config(cfg, run_dir)
+        write_run_config(
+            cfg,
+            run_dir,
+            resumed_at=None if resume is None else checkpoint_dir_name(resume.step, resume.epoch),
+        )
         save_dataset_statistics(dataset.dataset_statistics, run_dir)
+    dist.barrier()
 
-    strategy = get_train_strategy(vlm, cfg.vla, dist_info)
-    strategy.run_setup(num_training_steps)
-    if ckpt is not None:
-        Checkpointer.load_model_weights(strategy.model, ckpt, cfg.pretrained_checkpoint)
-        if resume is not None:
-            Checkpointer.load_training_state(
-                strategy.model, strategy.optimizer, strategy.lr_scheduler, ckpt, cfg.pretrained_checkpoint
-            )
-            logger.info("Resumed from %s at step %d", cfg.pretrained_checkpoint, start_step)
-        del ckpt
+    def save(blocking: bool) -> Path:
+        train_state = {
+            **counters,
+            **run_identity(cfg),
+            "world_size": dist_info.world_size,
+            "global_batch_size": cfg.vla.global_batch_size,
+            "per_device_batch_size": cfg.vla.per_device_batch_size,
+        }
+        return checkpoints.save(
+            state,
+            train_state,
+            lambda folder: dataset.save_stream_state(folder / DATA_SNAPSHOT_DIR),
+            blocking=blocking,
+        )
+
+    validate = None
+    if cfg.eval.interval is not None:
+        from prismatic.training.validation import Validator
+
+        validator = Validator(
+            cfg.data_root_dir,
+            cfg.vla.data_mix,
+            batch_transform,
+            resize,
+            collator,
+            per_device_batch_size=cfg.vla.per_device_batch_size,
+            num_batches=cfg.eval.num_batches,
+            action_tokenizer=action_tokenizer,
+            num_patches=vlm.num_patches,
+            rank=dist_info.rank,
+            world_size=dist_info.world_size,
+            seed=cfg.seed,
+            device=dist_info.device,
+        )
+
+        def validate() -> dict[str, float]:
+            return validator.run(strategy.model, autocast=strategy.autocast)
 
     trackers = (
         build_trackers(
@@ -214,27 +348,55 @@ def train(cfg: TrainConfig) -> dict[str, float]:
         if dist_info.is_main
         else []
     )
-    checkpointer = Checkpointer(run_dir, cfg.save_interval, dist_info.is_main)
-    loader = DataLoader(dataset, batch_size=cfg.vla.per_device_batch_size, collate_fn=collator, num_workers=0)
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.vla.per_device_batch_size,
+        collate_fn=collator,
+        num_workers=0,
+        pin_memory=dist_info.device.type == "cuda",
+    )
     metrics = StepMetrics(sorted(dataset.dataset_statistics), action_tokenizer, dist_info.device)
+    plan = LoopPlan(
+        start_step=start_step,
+        num_training_steps=num_training_steps,
+        steps_per_epoch=steps_per_epoch,
+        global_batch_size=cfg.vla.global_batch_size,
+        eval_interval=cfg.eval.interval,
+        show_progress=dist_info.is_main,
+    )
 
     # --- loop -----------------------------------------------------------------------------------------------
     try:
-        last = strategy.run_training(
-            iter(loader),
-            metrics,
-            checkpointer,
-            trackers,
-            start_step=start_step,
-            num_training_steps=num_training_steps,
-            steps_per_epoch=steps_per_epoch,
-            train_state={"vla_id": cfg.vla.vla_id, "seed": cfg.seed},
+        with PreemptionHandler() as preemption:
+            last = train_loop(
+                strategy,
+                get_action_head("tokens"),
+                iter(loader),
+                metrics,
+                trackers,
+                plan,
+                counters,
+                checkpoints,
+                save,
+                validate,
+                preemption,
+            )
+    except Preempted as stop:
+        logger.warning(
+            "Stopped by %s after step %d; checkpoint %s saved. Continue with the same command plus --resume.",
+            signal.Signals(stop.signum).name,
+            stop.step,
+            checkpoints.last_saved,
         )
+        destroy_distributed()
+        return exit_code(stop.signum)
     finally:
         for tracker in trackers:
             tracker.finish()
 
     # --- finish ---------------------------------------------------------------------------------------------
+    if cfg.checkpoint.export_final:
+        export_final(checkpoints.last_saved, run_dir, dist_info.is_main)
     if dist_info.is_main and (run_dir / METRICS_FILE).exists():
         records = read_metrics(run_dir)
         first = records[0]
@@ -253,6 +415,23 @@ def train(cfg: TrainConfig) -> dict[str, float]:
     return last
 
 
+def export_final(checkpoint: Path, run_dir: Path, is_main: bool) -> None:
+    """`--checkpoint.export_final`: the HF OpenVLA export of the last checkpoint in <run_dir>/hf (rank 0 reads the
+    shards; the others wait)."""
+    import torch.distributed as dist
+
+    if is_main:
+        from prismatic.models.hf_openvla import export_hf_openvla
+        from prismatic.models.loading import load_vla, spec_of
+
+        loaded = load_vla(checkpoint, dtype="bfloat16")
+        out = export_hf_openvla(
+            loaded.vlm, spec_of(loaded.vlm), run_dir / "hf", norm_stats=loaded.norm_stats, dtype="bfloat16"
+        )
+        logger.info("Exported %s to %s (HF OpenVLA layout, bf16)", checkpoint, out)
+    dist.barrier()
+
+
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them), check them for this world size, then train.
@@ -266,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     from prismatic.vla.datasets.rlds import resolve_mixture_dirs
 
     resolve_mixture_dirs(cfg.data_root_dir, cfg.vla.data_mix)
-    train(cfg)
-    return 0
+    result = train(cfg)
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -8,17 +8,56 @@ data and run folders are, what to start or resume from, seeds and trackers. Fiel
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prismatic.conf.vla import DEFAULT_VLA_ID, VLAConfig
+from prismatic.models.checkpoint_format import (
+    CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
+    is_sharded_checkpoint,
+    read_train_state,
+)
 from prismatic.util.errors import ConfigError, did_you_mean
 
 TRACKERS = ("jsonl", "wandb")
-CHECKPOINT_NAME = re.compile(
-    r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})-loss=(?P<loss>[-+0-9.einfa]+)\.pt$"
-)
+GRAD_SYNC = ("auto", "micro-batch", "step")
+SHARDING = ("auto", "full", "hybrid")
+LATEST = "latest"
+
+
+@dataclass
+class CheckpointConfig:
+    """How checkpoints are written (where and when: --run_root_dir, --save_interval)."""
+
+    keep_last: int | None = (
+        None  # keep only the newest K checkpoints, deleting older ones after a save; null: all
+    )
+    async_save: bool = (
+        False  # write checkpoints in the background (DCP async save); training goes on meanwhile
+    )
+    export_final: bool = False  # after training, also write the HF OpenVLA export to <run_dir>/hf/
+
+
+@dataclass
+class EvalConfig:
+    """Teacher-forced evaluation on the held-out split of every dataset of the mixture, logged under val/."""
+
+    interval: int | None = None  # evaluate every N optimiser steps and at the end; null: never
+    num_batches: int = 4  # batches per dataset per rank at each evaluation (the same frames every time)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint to continue: a sharded folder (or an older .pt file) and the step / epoch it ends at."""
+
+    path: Path
+    step: int
+    epoch: int
+
+    @property
+    def sharded(self) -> bool:
+        return self.path.is_dir()
 
 
 @dataclass
@@ -33,16 +72,31 @@ class TrainConfig:
     run_root_dir: Path = Path("runs")  # runs are written to <run_root_dir>/<run_id>/
 
     # Start from / resume
-    pretrained_checkpoint: Path | None = None  # a step-*.pt checkpoint of this tool
+    resume: str | None = field(
+        default=None, metadata={"bare": LATEST}
+    )  # --resume: newest checkpoint; or a folder
+    pretrained_checkpoint: Path | None = (
+        None  # a checkpoint of this tool (step-* folder or older step-*.pt file)
+    )
     is_resume: bool = True  # with pretrained_checkpoint: continue that run (optimizer, schedule, data, logs)
-    resume_step: int | None = None  # must match the checkpoint's file name when resuming
-    resume_epoch: int | None = None  # must match the checkpoint's file name when resuming
-    allow_config_change: bool = False  # resume although --seed / --vla.type differ from the checkpoint's run
+    resume_step: int | None = None  # optional check: must match the checkpoint's step when resuming
+    resume_epoch: int | None = None  # optional check: must match the checkpoint's epoch when resuming
+    allow_config_change: bool = (
+        False  # resume although seed / vla type / mixture / base VLM differ from the run's
+    )
 
     # Run
     run_id: str | None = None  # run folder; default <vla_id>+n<nodes>+b<per_device_batch>+x<seed>[--<note>]
     run_id_note: str | None = None  # appended to the default run id
     save_interval: int = 2500  # optimiser steps between checkpoints, >= 1 (one is always written at the end)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # Gradient reduction with accumulation: once per step (unsharded FP32 gradients kept between micro-batches) or
+    # reduce-scattered after every micro-batch (sharded gradients only); auto picks by the memory they would need.
+    grad_sync: str = "auto"  # auto, micro-batch or step
+    sharding: str = (
+        "auto"  # FSDP: full (shard over all ranks), hybrid (shard in a node, replicate across), auto
+    )
     image_aug: bool = False  # image augmentation in the data pipeline
     seed: int = 7  # model init, data order and shuffling, in [0, 2**32 - 1]
 
@@ -78,6 +132,28 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name}={value} is out of range: it must be an integer >= 0.")
+        for flag, value in (
+            ("checkpoint.keep_last", self.checkpoint.keep_last),
+            ("eval.interval", self.eval.interval),
+            ("eval.num_batches", self.eval.num_batches),
+        ):
+            if value is not None and value < 1:
+                raise ConfigError(f"--{flag}={value} is out of range: it must be an integer >= 1 (or null).")
+        for flag, value, choices in (
+            ("grad_sync", self.grad_sync, GRAD_SYNC),
+            ("sharding", self.sharding, SHARDING),
+        ):
+            if value not in choices:
+                raise ConfigError(
+                    f"--{flag}={value} is not a valid choice.{did_you_mean(value, choices)} Valid choices: "
+                    f"{', '.join(choices)}."
+                )
+        if self.resume is not None and self.pretrained_checkpoint is not None:
+            raise ConfigError(
+                f"--resume {self.resume} and --pretrained_checkpoint {self.pretrained_checkpoint} both name what to "
+                "start from: pass --resume (this run's newest checkpoint, or a checkpoint folder) to continue a run, "
+                "or --pretrained_checkpoint with --is_resume false to start a new run from a checkpoint's weights."
+            )
 
     def validate(self, world_size: int) -> None:
         """Check the whole config for this world size; raise `ConfigError` naming the bad value."""
@@ -88,49 +164,107 @@ class TrainConfig:
                 f"data_root_dir '{self.data_root_dir}' does not exist or is not a folder. Point --data_root_dir "
                 "at the folder holding your RLDS datasets (<data_root_dir>/<dataset>/<version>/)."
             )
-        self.resume_point()
+        if self.pretrained_checkpoint is not None and not self.pretrained_checkpoint.exists():
+            raise ConfigError(f"pretrained_checkpoint '{self.pretrained_checkpoint}' does not exist.")
+        if isinstance(self.resume_source(), Path):
+            self.resume_point()
 
-    def resume_point(self) -> tuple[int, int] | None:
-        """(step, epoch) to resume from, validated against the checkpoint's file name; None when not resuming."""
-        ckpt = self.pretrained_checkpoint
-        if ckpt is None:
-            if self.resume_step is not None or self.resume_epoch is not None:
-                raise ConfigError(
-                    f"resume_step={self.resume_step} / resume_epoch={self.resume_epoch} given without "
-                    "--pretrained_checkpoint; pass the checkpoint file to resume from."
+    def resume_source(self) -> Path | str | None:
+        """What to continue: LATEST (this run's newest checkpoint), a checkpoint path, or None (a new run)."""
+        if self.resume is not None:
+            return LATEST if self.resume == LATEST else Path(self.resume)
+        if self.pretrained_checkpoint is not None and self.is_resume:
+            return self.pretrained_checkpoint
+        if self.pretrained_checkpoint is None and (
+            self.resume_step is not None or self.resume_epoch is not None
+        ):
+            raise ConfigError(
+                f"resume_step={self.resume_step} / resume_epoch={self.resume_epoch} given without "
+                "--pretrained_checkpoint or --resume; pass --resume to continue the run."
+            )
+        return None
+
+    def resume_point(self, run_dir: Path | None = None) -> ResumePoint | None:
+        """The checkpoint to continue, with its step and epoch; None for a new run.
+
+        `--resume` alone needs `run_dir` (this run's folder): its newest complete checkpoint. A folder comes with
+        `train_state.json`; an older `.pt` file's step and epoch are read from its name. `--resume_step` /
+        `--resume_epoch`, when given (OpenVLA's flags), must match.
+        """
+        source = self.resume_source()
+        if source is None:
+            return None
+        if source == LATEST:
+            if run_dir is None:
+                return None
+            from prismatic.models.checkpoint_format import newest_checkpoint
+
+            path = newest_checkpoint(run_dir / CHECKPOINTS_DIR)
+            if path is None:
+                where = (
+                    f"'{run_dir / CHECKPOINTS_DIR}'"
+                    if (run_dir / CHECKPOINTS_DIR).is_dir()
+                    else f"'{run_dir}'"
                 )
-            return None
-        if not ckpt.is_file():
-            raise ConfigError(f"pretrained_checkpoint '{ckpt}' does not exist or is not a file.")
-        if not self.is_resume:
-            return None
-        match = CHECKPOINT_NAME.match(ckpt.name)
-        if match is None:
-            raise ConfigError(
-                f"Cannot resume from '{ckpt.name}': resuming needs a checkpoint named "
-                "step-<step>-epoch-<epoch>-loss=<loss>.pt as this tool writes them (or pass --is_resume false "
-                "to only load its weights)."
-            )
-        step, epoch = int(match["step"]), int(match["epoch"])
-        if self.resume_step != step or self.resume_epoch != epoch:
-            raise ConfigError(
-                f"--resume_step {self.resume_step} --resume_epoch {self.resume_epoch} do not match checkpoint "
-                f"'{ckpt.name}' (step {step}, epoch {epoch}). Pass --resume_step {step} --resume_epoch {epoch}."
-            )
-        return step, epoch
+                raise ConfigError(
+                    f"--resume found no complete checkpoint of run '{run_dir.name}' in {where}: the run has not "
+                    "saved one yet (or this is not its --run_id / --run_root_dir). Run the same command without "
+                    "--resume to start it over, or pass --resume <checkpoint folder>."
+                )
+        else:
+            path = Path(source)
+        flag = "--resume" if self.resume is not None else "--pretrained_checkpoint"
+        if not path.exists():
+            raise ConfigError(f"{flag} '{path}' does not exist.")
+        if path.is_dir():
+            if not is_sharded_checkpoint(path):
+                raise ConfigError(
+                    f"{flag} '{path}' is not a complete checkpoint folder (no .metadata / train_state.json): pass a "
+                    f"<run_dir>/{CHECKPOINTS_DIR}/step-* folder, or --resume alone for the run's newest one."
+                )
+            state = read_train_state(path)
+            step, epoch = int(state["step"]), int(state["epoch"])
+        else:
+            match = CHECKPOINT_FILE.match(path.name)
+            if match is None:
+                raise ConfigError(
+                    f"Cannot resume from '{path.name}': resuming needs a checkpoint folder step-<step>-epoch-<epoch> "
+                    "or an older file step-<step>-epoch-<epoch>-loss=<loss>.pt as this tool writes them (or pass "
+                    "--is_resume false to only load its weights)."
+                )
+            step, epoch = int(match["step"]), int(match["epoch"])
+            if self.resume is None and (self.resume_step is None or self.resume_epoch is None):
+                raise ConfigError(
+                    f"Resuming from the file '{path.name}' needs --resume_step {step} --resume_epoch {epoch} (or "
+                    f"pass --resume {path})."
+                )
+        for given, actual in ((self.resume_step, step), (self.resume_epoch, epoch)):
+            if given is not None and given != actual:
+                raise ConfigError(
+                    f"--resume_step {self.resume_step} --resume_epoch {self.resume_epoch} do not match checkpoint "
+                    f"'{path.name}' (step {step}, epoch {epoch}). Pass --resume_step {step} --resume_epoch {epoch}, "
+                    "or leave both out: the checkpoint says where it is."
+                )
+        return ResumePoint(path, step, epoch)
 
     def resolve_run_id(self, num_nodes: int) -> str:
-        """The run id: explicit, or the run being resumed, or OpenVLA's default naming."""
+        """The run id: explicit, or the run being resumed (a checkpoint inside <run>/checkpoints/), or OpenVLA's
+        default naming."""
         if self.run_id is not None:
             return self.run_id
-        if (
-            self.pretrained_checkpoint is not None
-            and self.is_resume
-            and self.pretrained_checkpoint.parent.name == "checkpoints"
-        ):
-            return self.pretrained_checkpoint.resolve().parent.parent.name
+        source = self.resume_source()
+        if isinstance(source, Path) and source.parent.name == CHECKPOINTS_DIR:
+            return source.resolve().parent.parent.name
         run_id = f"{self.vla.vla_id}+n{num_nodes}+b{self.vla.per_device_batch_size}+x{self.seed}"
         return f"{run_id}--{self.run_id_note}" if self.run_id_note else run_id
+
+    def resolve_run_dir(self, num_nodes: int) -> Path:
+        """The run folder: the one holding the checkpoint being resumed (unless --run_id says otherwise), else
+        <run_root_dir>/<run id>."""
+        source = self.resume_source()
+        if self.run_id is None and isinstance(source, Path) and source.parent.name == CHECKPOINTS_DIR:
+            return source.resolve().parent.parent
+        return self.run_root_dir / self.resolve_run_id(num_nodes)
 
     def resolve_hf_token(self) -> str | None:
         """The Hugging Face token: `hf_token` (the token, or the name of an environment variable holding it), else

@@ -1,34 +1,40 @@
-"""Checkpoints: when to save, how to write them atomically, and how to restore a run from one.
+"""Saving and restoring a training run: sharded checkpoints (torch.distributed.checkpoint), written by every rank.
 
-Layout: `<run_dir>/checkpoints/step-{step:06d}-epoch-{epoch:02d}-loss={loss:.4f}.pt`, one `torch.save` file:
+A checkpoint is the folder `<run_dir>/checkpoints/step-000040-epoch-01/` (layout: `prismatic.models.checkpoint_format`).
+Every rank writes its own FSDP shards of the model, the optimizer state and its RNG state; rank 0 writes what is
+replicated (LR schedule, trainer counters, DDP's whole model once). Nothing is gathered on one rank. Saving:
 
-    {"model":        {"vision_backbone": {...}, "projector": {...}, "llm_backbone": {...}},  # consolidated FP32
-     "optimizer":    full (unsharded) optimizer state dict, keyed by parameter name,
-     "lr_scheduler": the LR scheduler's state dict,
-     "train_state":  {"step", "epoch", "samples_per_rank", "world_size", "vla_id", "seed", "format_version"}}
+1. every rank waits for the previous (async) save, then writes into `checkpoints/.tmp-step-.../` (its data-stream
+   snapshot first, then DCP);
+2. rank 0, once DCP's metadata says every rank is done, renames the folder to its final name, then replaces the
+   `latest` pointer atomically, then deletes checkpoints beyond `keep_last` (oldest first, never the new one).
 
-The model weights are the full, unsharded state dict grouped by module key (Prismatic's layout), so
-`torch.load(path, weights_only=True)["model"]` loads them without any distributed set-up. Everything else is
-what resuming needs. Files are written to a temporary name, fsynced and renamed into place
-(`prismatic.util.files.atomic_write`): a crash, a Ctrl-C or a full disk never leaves a half-written file under a
-checkpoint's name, and the file gets the umask's normal permissions (group-readable under 022).
+A crash or `kill -9` at any point leaves at most a `.tmp-*` folder (removed at the next start) and never touches
+the last complete checkpoint. With `async_save` the DCP write runs in a background thread on its own gloo process
+group (so it never interleaves with training's collectives); the loop stalls only while the state is copied to
+host memory. Resuming reads the shards back with resharding (another world size works) and restores RNG states
+when the world size is unchanged.
 
-Resuming keeps the experiment: `check_resume_compatible` refuses a different `--vla.type` or `--seed` than the
-checkpoint's `train_state` unless `--allow_config_change true` is given.
+Older single-file `.pt` checkpoints still resume (`restore_from_file`) and load everywhere a model is loaded.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import pickle
-import zipfile
-from collections.abc import Mapping
+import random
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -37,18 +43,332 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from prismatic.models.checkpoint_format import (
+    CHECKPOINTS_DIR,
+    FORMAT_VERSION,
+    LATEST_POINTER,
+    MODULE_KEYS,
+    TMP_PREFIX,
+    TRAIN_STATE_FILE,
+    checkpoint_dir_name,
+    complete_checkpoints,
+    flatten_modules,
+    group_by_module,
+    load_checkpoint_file,
+    newest_checkpoint,
+    read_train_state,
+)
 from prismatic.util.errors import ConfigError
-from prismatic.util.files import atomic_write
+from prismatic.util.files import atomic_write, make_dirs, write_json_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-MODULE_KEYS = ("vision_backbone", "projector", "llm_backbone")
+__all__ = [
+    "CheckpointManager",
+    "MODULE_KEYS",
+    "atomic_torch_save",
+    "check_resume_compatible",
+    "flatten_modules",
+    "group_by_module",
+    "load_checkpoint_file",
+    "newest_checkpoint",
+    "read_train_state",
+    "restore_from_file",
+    "saved_train_state",
+]
+
+# The run's identity: resuming with another value continues a different experiment under the same name.
+IDENTITY_KEYS = {
+    "vla_id": "--vla.type",
+    "seed": "--seed",
+    "data_mix": "--vla.data_mix",
+    "base_vlm": "--vla.base_vlm",
+}
 
 
-def checkpoint_name(step: int, epoch: int, loss: float) -> str:
-    loss_text = f"{loss:.4f}" if math.isfinite(loss) else "inf"
-    return f"step-{step:06d}-epoch-{epoch:02d}-loss={loss_text}.pt"
+# === Stateful entries ==============================================================================================
+
+
+class ModelState:
+    """The model's parameters as DCP entries: FSDP shards as DTensors (each rank writes its own), else tensors."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState:
+    """AdamW moments keyed by parameter name (sharded like the parameters), so another world size can load them."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+class CountersState:
+    """The trainer's counters (step, epoch, frames consumed over all ranks): replicated, written once."""
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        self.counters = counters
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: torch.tensor(v, dtype=torch.int64) for k, v in self.counters.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.counters.update({k: int(v) for k, v in state_dict.items()})
+
+
+class RNGState:
+    """This rank's Python, NumPy and torch (CPU, CUDA) generators, under a key of its own rank, as tensors."""
+
+    def __init__(self, rank: int) -> None:
+        self.key = f"rank{rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        version, mt, gauss = random.getstate()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state = {
+            "python_mt": torch.tensor(mt, dtype=torch.int64),
+            "python_meta": torch.tensor(
+                [version, gauss is not None, 0 if gauss is None else gauss], dtype=torch.float64
+            ),
+            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+            "numpy_meta": torch.tensor([pos, has_gauss, cached], dtype=torch.float64),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return {self.key: state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict[self.key]
+        version, has_gauss_py, gauss = state["python_meta"].tolist()
+        random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss_py else None))
+        pos, has_gauss, cached = state["numpy_meta"].tolist()
+        np.random.set_state(
+            ("MT19937", state["numpy_keys"].numpy().astype(np.uint32), int(pos), int(has_gauss), cached)
+        )
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+def training_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
+    counters: dict[str, int],
+) -> dict[str, Any]:
+    """What a checkpoint holds besides the per-rank data snapshot and RNG: the DCP state dict of the run."""
+    return {
+        "model": ModelState(model),
+        "optimizer": OptimizerState(model, optimizer),
+        "lr_scheduler": lr_scheduler,
+        "trainer": CountersState(counters),
+    }
+
+
+# === The manager ===================================================================================================
+
+
+@dataclass
+class _PendingSave:
+    future: Future
+    tmp: Path
+    final: Path
+    started: float
+
+
+class CheckpointManager:
+    """When to save, how (blocking or async), which checkpoints to keep, and reading one back. Every method that
+    saves or loads is collective: call it on every rank."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        save_interval: int,
+        keep_last: int | None,
+        async_save: bool,
+        rank: int,
+    ) -> None:
+        self.dir = Path(run_dir) / CHECKPOINTS_DIR
+        self.save_interval, self.keep_last, self.async_save = save_interval, keep_last, async_save
+        self.rank, self.is_main = rank, rank == 0
+        self._pending: _PendingSave | None = None
+        # Async saves talk on their own gloo group: the default group is busy with training's collectives.
+        self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        self.last_saved: Path | None = None
+
+    # --- start-up -----------------------------------------------------------------------------------------------
+    def remove_leftovers(self) -> list[Path]:
+        """Delete `.tmp-*` folders a crash left mid-save (rank 0; the others wait at the next barrier)."""
+        if not self.is_main or not self.dir.is_dir():
+            return []
+        leftovers = [p for p in self.dir.iterdir() if p.name.startswith(TMP_PREFIX)]
+        for path in leftovers:
+            logger.warning("Removing %s: a checkpoint that a crash left half-written.", path)
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        return leftovers
+
+    def should_save(self, step: int, is_last_step: bool) -> bool:
+        return is_last_step or step % self.save_interval == 0
+
+    # --- saving -------------------------------------------------------------------------------------------------
+    def save(
+        self,
+        state: dict[str, Any],
+        train_state: dict[str, Any],
+        write_rank_files: Callable[[Path], None] | None = None,
+        *,
+        blocking: bool = False,
+    ) -> Path:
+        """Write a checkpoint for `train_state["step"]` / `["epoch"]`; returns its final path.
+
+        Args:
+            state: the DCP state dict (`training_state(...)`); this rank's RNG state is added.
+            train_state: JSON-able facts written by rank 0 to `train_state.json` (step, epoch, frames, identity).
+            write_rank_files: writes this rank's own files (its data-stream snapshot) into the checkpoint folder.
+            blocking: wait for the write even when saving asynchronously (the last save, a preemption save).
+        """
+        self.wait()
+        name = checkpoint_dir_name(int(train_state["step"]), int(train_state["epoch"]))
+        tmp, final = self.dir / f"{TMP_PREFIX}{name}", self.dir / name
+        if self.is_main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            make_dirs(tmp, "checkpoint folder")
+        _barrier()
+        started = time.perf_counter()
+        if write_rank_files is not None:
+            write_rank_files(tmp)
+        if self.is_main:
+            write_json_atomic(
+                tmp / TRAIN_STATE_FILE, {**train_state, "format_version": FORMAT_VERSION}, "train state"
+            )
+        full_state = {**state, "rng": RNGState(self.rank)}
+        if self.async_save and not blocking:
+            future = dcp.async_save(full_state, checkpoint_id=str(tmp), process_group=self._group)
+            self._pending = _PendingSave(future, tmp, final, started)
+            logger.info(
+                "Saving %s in the background (loop stalled %.2f s)", final.name, time.perf_counter() - started
+            )
+        else:
+            dcp.save(full_state, checkpoint_id=str(tmp))
+            self._finish(tmp, final, started)
+        return final
+
+    def poll(self) -> None:
+        """Finish a background save that has completed (no collective, cheap: call once per step)."""
+        if self._pending is not None and self._pending.future.done():
+            self._complete_pending()
+
+    def wait(self) -> None:
+        """Block until a background save is written and visible. Collective."""
+        if self._pending is not None:
+            self._complete_pending()
+            _barrier()
+
+    def _complete_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        pending.future.result()  # re-raises a failed write
+        self._finish(pending.tmp, pending.final, pending.started)
+
+    def _finish(self, tmp: Path, final: Path, started: float) -> None:
+        """Rank 0: make the written folder visible, move `latest`, apply keep_last."""
+        self.last_saved = final
+        if not self.is_main:
+            return
+        if final.exists():  # the same step saved again (a resumed run re-saving): the new one replaces it
+            stale = final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
+            final.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.rename(final)
+        write_text_atomic(self.dir / LATEST_POINTER, final.name + "\n", "latest-checkpoint pointer")
+        logger.info("Saved checkpoint %s (%.2f s)", final, time.perf_counter() - started)
+        if self.keep_last is not None:
+            for old in complete_checkpoints(self.dir)[: -self.keep_last]:
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+                    logger.info("Deleted %s (--checkpoint.keep_last %d)", old.name, self.keep_last)
+
+    # --- loading ------------------------------------------------------------------------------------------------
+    def load(self, checkpoint: Path, state: dict[str, Any], *, same_world_size: bool) -> bool:
+        """Restore `state` in place from `checkpoint` (resharding as needed); RNG states too when the world size
+        is unchanged. Returns whether RNG states were restored. Collective."""
+        try:
+            dcp.load(state, checkpoint_id=str(checkpoint))
+        except Exception as e:
+            raise ConfigError(
+                f"Cannot restore the run from '{checkpoint}': {type(e).__name__}: {e}. The checkpoint does not fit "
+                "this model / optimizer (another --vla.base_vlm, --vla.type or LoRA setting?)."
+            ) from e
+        if not same_world_size:
+            return False
+        dcp.load(
+            {"rng": RNGState(self.rank)},
+            checkpoint_id=str(checkpoint),
+            planner=DefaultLoadPlanner(allow_partial_load=True),
+        )
+        return True
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# === Resume checks =================================================================================================
+
+
+def check_resume_compatible(
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, path: Path, allow_config_change: bool
+) -> list[str]:
+    """Refuse to resume a run as a different experiment: another vla type, seed, data mixture or base model.
+
+    Either would silently continue the old run's name, logs and W&B run with another recipe, data or model. Keys
+    missing from an older checkpoint's train state are not checked.
+
+    Returns:
+        the differences found (logged as a warning) when `allow_config_change` is set; [] when there are none.
+    Raises:
+        ConfigError: naming each difference and the flags that continue the run as it was.
+    """
+    differences, fixes = [], []
+    for key, flag in IDENTITY_KEYS.items():
+        if key in saved and key in current and saved[key] != current[key]:
+            differences.append(f"{flag} {current[key]} (the checkpoint's run used {saved[key]})")
+            fixes.append(f"{flag} {saved[key]}")
+    if not differences:
+        return []
+    if allow_config_change:
+        logger.warning(
+            "Resuming from %s with %s, as --allow_config_change asks: the continued run is not the run that was "
+            "checkpointed.",
+            path,
+            " and ".join(differences),
+        )
+        return differences
+    raise ConfigError(
+        f"Refusing to resume from '{path}' with {' and '.join(differences)}: the run would continue under the same "
+        "name, logs and W&B run as a different experiment (another recipe, data or model). Pass "
+        f"{' '.join(fixes)} to continue it as it was, start a new run from its weights with --pretrained_checkpoint "
+        f"{path} --is_resume false and another --run_id, or pass --allow_config_change true to resume with the new "
+        "values anyway."
+    )
+
+
+# === Single-file (format 1) checkpoints ===========================================================================
 
 
 def atomic_torch_save(obj: Any, path: Path, what: str = "checkpoint") -> None:
@@ -67,67 +387,8 @@ def atomic_torch_save(obj: Any, path: Path, what: str = "checkpoint") -> None:
             raise
 
 
-def group_by_module(flat: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-    """{"llm_backbone.llm.model...": t} -> {"llm_backbone": {"llm.model...": t}, ...}."""
-    grouped: dict[str, dict[str, torch.Tensor]] = {key: {} for key in MODULE_KEYS}
-    for name, tensor in flat.items():
-        module, _, rest = name.partition(".")
-        grouped.setdefault(module, {})[rest] = tensor
-    return grouped
-
-
-def flatten_modules(grouped: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {f"{module}.{name}": t for module, sd in grouped.items() for name, t in sd.items()}
-
-
-def _not_ours(path: Path, detail: str) -> ConfigError:
-    return ConfigError(
-        f"Cannot read checkpoint '{path}': it is not a checkpoint written by this tool, or it is truncated or "
-        f"damaged ({detail}). Checkpoints are the step-*.pt files in <run_dir>/checkpoints/; if this one was cut "
-        "short by a full disk or an interrupted copy, use an earlier checkpoint."
-    )
-
-
-def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """Load a checkpoint safely (`weights_only=True`, memory-mapped).
-
-    Raises:
-        ConfigError: `path` is missing, a folder, or not a checkpoint of this tool (random bytes, a truncated
-            copy, a pickle of arbitrary objects, a file without `model`). The message never quotes torch's
-            zip / pickle internals.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"Checkpoint '{path}' does not exist.")
-    if path.is_dir():
-        raise ConfigError(
-            f"Checkpoint '{path}' is a folder; pass one of its checkpoints/step-*.pt files (a run folder is "
-            "accepted where a model is loaded, not where a run is resumed)."
-        )
-    size = path.stat().st_size
-    if size == 0:
-        raise _not_ours(path, "the file is empty (0 bytes)")
-    if not zipfile.is_zipfile(path):
-        raise _not_ours(
-            path, f"its {size} bytes are not a torch.save archive (or the archive's end is missing)"
-        )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as e:
-        raise _not_ours(
-            path,
-            "it holds Python objects other than tensors and plain containers (refused: unpickling them "
-            "could run code)",
-        ) from e
-    except Exception as e:  # noqa: BLE001 (any unreadable archive is the same user error)
-        raise _not_ours(path, "its archive cannot be read") from e
-    if not isinstance(ckpt, dict) or "model" not in ckpt:
-        raise _not_ours(path, "it holds no 'model' entry")
-    return ckpt
-
-
 def saved_train_state(ckpt: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    """The checkpoint's `train_state`, or a `ConfigError` saying that it cannot be resumed."""
+    """A single-file checkpoint's `train_state`, or a `ConfigError` saying that it cannot be resumed."""
     for key in ("optimizer", "lr_scheduler", "train_state"):
         if key not in ckpt:
             raise ConfigError(
@@ -137,107 +398,38 @@ def saved_train_state(ckpt: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return dict(ckpt["train_state"])
 
 
-def check_resume_compatible(
-    saved: Mapping[str, Any], *, vla_id: str, seed: int, path: Path, allow_config_change: bool
-) -> list[str]:
-    """Refuse to resume a run as a different experiment: another `--vla.type` or `--seed` than the checkpoint's.
-
-    Either would silently continue the old run's name, logs and W&B run with another recipe or data order.
-    Keys missing from an older checkpoint's `train_state` are not checked.
-
-    Returns:
-        the differences found (logged as a warning) when `allow_config_change` is set; [] when there are none.
-    Raises:
-        ConfigError: naming each difference and the flags that continue the run as it was.
-    """
-    differences, fixes = [], []
-    if "vla_id" in saved and saved["vla_id"] != vla_id:
-        differences.append(f"--vla.type {vla_id} (the checkpoint's run used {saved['vla_id']})")
-        fixes.append(f"--vla.type {saved['vla_id']}")
-    if "seed" in saved and saved["seed"] != seed:
-        differences.append(f"--seed {seed} (the checkpoint's run used {saved['seed']})")
-        fixes.append(f"--seed {saved['seed']}")
-    if not differences:
-        return []
-    if allow_config_change:
-        logger.warning(
-            "Resuming from %s with %s, as --allow_config_change asks: the continued run is not the run that was "
-            "checkpointed.",
-            path,
-            " and ".join(differences),
+def load_full_model_weights(model: torch.nn.Module, ckpt: Mapping[str, Any], path: Path) -> None:
+    """Load a checkpoint's consolidated weights (`load_checkpoint_file` layout) into a possibly sharded model.
+    Collective: call on every rank."""
+    try:
+        set_model_state_dict(
+            model, flatten_modules(ckpt["model"]), options=StateDictOptions(full_state_dict=True, strict=True)
         )
-        return differences
-    raise ConfigError(
-        f"Refusing to resume from '{path}' with {' and '.join(differences)}: the run would continue under the same "
-        "name, logs and W&B run as a different experiment (another recipe or data order). Pass "
-        f"{' '.join(fixes)} to continue it as it was, --is_resume false to start a new run from its weights, or "
-        "--allow_config_change true to resume with the new values anyway."
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise ConfigError(f"Checkpoint '{path}' does not fit this model (--vla.base_vlm?): {e}") from e
+
+
+def restore_from_file(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ckpt: Mapping[str, Any],
+    path: Path,
+) -> dict[str, Any]:
+    """Resume from a single-file checkpoint: weights, full optimizer state, schedule; returns its train_state.
+    Collective: call on every rank."""
+    train_state = saved_train_state(ckpt, path)
+    load_full_model_weights(model, ckpt, path)
+    set_optimizer_state_dict(
+        model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True)
     )
+    lr_scheduler.load_state_dict(ckpt["lr_scheduler"])
+    return train_state
 
 
-class Checkpointer:
-    """Decides checkpoint cadence and saves / restores the full training state."""
-
-    def __init__(self, run_dir: Path, save_interval: int, is_main: bool) -> None:
-        self.dir = run_dir / "checkpoints"
-        self.save_interval = save_interval
-        self.is_main = is_main
-
-    def should_save(self, step: int, is_last_step: bool) -> bool:
-        return is_last_step or step % self.save_interval == 0
-
-    def save(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
-        train_state: dict[str, Any],
-        loss: float,
-    ) -> Path:
-        """Gather the full state and write it on rank 0. Collective: call on every rank."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_sd = get_model_state_dict(model, options=options)
-        # Frozen parameters may be stored in bf16 under FSDP mixed precision; checkpoints are always FP32.
-        model_sd = {k: v.float() if v.is_floating_point() else v for k, v in model_sd.items()}
-        optim_sd = get_optimizer_state_dict(model, optimizer, options=options)
-        path = self.dir / checkpoint_name(train_state["step"], train_state["epoch"], loss)
-        if self.is_main:
-            payload = {
-                "model": group_by_module(model_sd),
-                "optimizer": optim_sd,
-                "lr_scheduler": lr_scheduler.state_dict(),
-                "train_state": {**train_state, "format_version": FORMAT_VERSION},
-            }
-            atomic_torch_save(payload, path)
-            logger.info("Saved checkpoint %s", path)
-        if dist.is_initialized():
-            dist.barrier()
-        return path
-
-    @staticmethod
-    def load_model_weights(model: torch.nn.Module, ckpt: dict[str, Any], path: Path) -> None:
-        """Load consolidated weights into a (possibly sharded) model. Collective: call on every rank."""
-        try:
-            set_model_state_dict(
-                model,
-                flatten_modules(ckpt["model"]),
-                options=StateDictOptions(full_state_dict=True, strict=True),
-            )
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise ConfigError(f"Checkpoint '{path}' does not fit this model (--vla.base_vlm?): {e}") from e
-
-    @staticmethod
-    def load_training_state(
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
-        ckpt: dict[str, Any],
-        path: Path,
-    ) -> dict[str, Any]:
-        """Restore optimizer and scheduler; return the saved train_state. Collective: call on every rank."""
-        train_state = saved_train_state(ckpt, path)
-        set_optimizer_state_dict(
-            model, optimizer, ckpt["optimizer"], options=StateDictOptions(full_state_dict=True)
-        )
-        lr_scheduler.load_state_dict(ckpt["lr_scheduler"])
-        return train_state
+def read_resume_state(path: Path) -> dict[str, Any]:
+    """The train state of a checkpoint to resume: `train_state.json` of a folder, `train_state` of a `.pt` file."""
+    path = Path(path)
+    if path.is_dir():
+        return read_train_state(path)
+    return saved_train_state(load_checkpoint_file(path), path)

@@ -6,7 +6,6 @@ ranks turns them into global means, so every reported number covers the whole gl
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -17,7 +16,11 @@ _CORRECT, _COUNT, _L1, _SAMPLES = range(4)
 
 
 class StepMetrics:
-    """Accumulates one optimiser step's micro-batches; `reduce()` returns the global metrics (collective)."""
+    """Accumulates one optimiser step's micro-batches on the device; `reduce()` returns the global metrics.
+
+    Nothing here waits for the device: sums stay device tensors until `reduce()`, which packs them with the
+    gradient norm into one tensor, all-reduces it and copies it to the host once per step.
+    """
 
     def __init__(
         self, dataset_names: list[str], action_tokenizer: ActionTokenizer, device: torch.device
@@ -26,11 +29,18 @@ class StepMetrics:
         self.index = {name: i for i, name in enumerate(self.dataset_names)}
         self.action_tokenizer = action_tokenizer
         self.device = device
+        self.bin_centers = torch.as_tensor(action_tokenizer.bin_centers, dtype=torch.float64, device=device)
         self.reset()
 
     def reset(self) -> None:
-        self.sums = torch.zeros(len(self.dataset_names), 4, dtype=torch.float64)
-        self.loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of micro-batch losses, micro-batches)
+        self.sums = torch.zeros(len(self.dataset_names), 4, dtype=torch.float64, device=self.device)
+        # (sum of micro-batch losses, micro-batches)
+        self.loss_sum = torch.zeros(2, dtype=torch.float64, device=self.device)
+
+    def _decode(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ActionTokenizer.decode_ids` on the device: `vocab_size - id` is the 1-based bin, shifted and clipped."""
+        index = (self.action_tokenizer.vocab_size - ids - 1).clamp(0, self.bin_centers.numel() - 1)
+        return self.bin_centers[index]
 
     @torch.no_grad()
     def update(
@@ -41,35 +51,42 @@ class StepMetrics:
         num_patches: int,
         dataset_names: list[str],
     ) -> None:
-        """Add one micro-batch. `logits` are the VLM's (patches included); `labels` are the text labels."""
-        self.loss_sum += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+        """Add one micro-batch. `logits` are the VLM's (patches included); `labels` are the text labels (on the
+        logits' device)."""
+        self.loss_sum[0] += loss.detach().double()
+        self.loss_sum[1] += 1.0
         # Logit at position t predicts token t+1; patches sit after BOS, so text token j>=1 is predicted at
         # position num_patches + j - 1.
-        preds = logits[:, num_patches:-1].argmax(dim=-1).cpu().numpy()
-        targets = labels[:, 1:].cpu().numpy()
+        preds = logits[:, num_patches:-1].argmax(dim=-1)
+        targets = labels[:, 1:].to(preds.device)
         mask = targets > self.action_tokenizer.action_token_begin_idx
-        correct = ((preds == targets) & mask).sum(axis=1)
-        count = mask.sum(axis=1)
-        err = np.abs(self.action_tokenizer.decode_ids(preds) - self.action_tokenizer.decode_ids(targets))
-        l1 = np.where(mask, err, 0.0).sum(axis=1)
-        for i, name in enumerate(dataset_names):
-            row = self.index[name]
-            self.sums[row] += torch.tensor([correct[i], count[i], l1[i], 1.0], dtype=torch.float64)
+        correct = ((preds == targets) & mask).sum(dim=1).double()
+        count = mask.sum(dim=1).double()
+        l1 = torch.where(mask, (self._decode(preds) - self._decode(targets)).abs(), 0.0).sum(dim=1)
+        rows = torch.tensor([self.index[n] for n in dataset_names], device=self.device)
+        per_sample = torch.stack([correct, count, l1, torch.ones_like(count)], dim=1).to(self.device)
+        self.sums.index_add_(0, rows, per_sample)
 
-    def reduce(self) -> dict[str, float]:
-        """Global metrics for the step: means over all ranks and micro-batches. Collective: call on every rank."""
-        packed = torch.cat([self.sums.flatten(), self.loss_sum]).to(self.device)
+    def reduce(self, grad_norm: torch.Tensor | None = None) -> dict[str, float]:
+        """Global metrics for the step: means over all ranks and micro-batches (and the gradient norm, which is
+        already global). Collective: call on every rank."""
+        packed = torch.cat([self.sums.flatten(), self.loss_sum])
         if dist.is_initialized():
             dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-        packed = packed.cpu()
-        sums = packed[: self.sums.numel()].view_as(self.sums)
-        loss_sum, n_micro = packed[-2].item(), packed[-1].item()
+        if grad_norm is not None:
+            packed = torch.cat([packed, grad_norm.detach().double().reshape(1).to(packed.device)])
+        packed = packed.cpu()  # the step's one host sync
+        n = self.sums.numel()
+        sums = packed[:n].view_as(self.sums)
+        loss_sum, n_micro = packed[n].item(), packed[n + 1].item()
         total = sums.sum(dim=0)
         out = {
             "loss": loss_sum / max(n_micro, 1.0),
             "action_accuracy": (total[_CORRECT] / total[_COUNT].clamp(min=1)).item(),
             "l1_loss": (total[_L1] / total[_COUNT].clamp(min=1)).item(),
         }
+        if grad_norm is not None:
+            out["grad_norm"] = packed[n + 2].item()
         if len(self.dataset_names) > 1:
             for name, row in zip(self.dataset_names, sums, strict=True):
                 if row[_COUNT] > 0:

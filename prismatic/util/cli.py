@@ -14,7 +14,8 @@ and so gets the same flag grammar, help and error handling:
 - `--name value` or `--name=value`; nested fields as `--vla.learning_rate 1e-4`. Everything up to the next
   `--flag` is the value, so negative numbers are values (`--vla.learning_rate -1e-4`).
 - Values are read as YAML (`1e-4`, `true`, `null`, `[a, b]`), except that text and path fields keep the text
-  as typed (`--run_id 007` stays "007"). A boolean flag alone means true. A list field takes one or more values:
+  as typed (`--run_id 007` stays "007"). A boolean flag alone means true; a field with `metadata={"bare": v}`
+  alone means v (`--resume` = `--resume latest`). A list field takes one or more values:
   `--trackers jsonl wandb`, `--trackers jsonl,wandb` or `--trackers [jsonl, wandb]` (never five characters).
 - A choice-registry field (`--vla.type <preset>`) picks the preset whose values are the defaults of its fields;
   `--vla.*` flags alone override the default preset.
@@ -86,6 +87,7 @@ class Flag:
     help: str  # one line, from the field's comment or docstring
     group: str  # the group it is listed under in --help
     choices: tuple[str, ...] = ()  # for a choice-registry's `type` key
+    bare: Any = None  # the value of the flag given alone (field metadata "bare"), e.g. `--resume` -> "latest"
 
     @property
     def required(self) -> bool:
@@ -171,7 +173,9 @@ def _flags(cls: type, choices: dict[str, str], prefix: str, group: str) -> list[
         elif dataclasses.is_dataclass(annotation):
             flags += _flags(annotation, choices, f"{name}.", group)
         else:
-            flags.append(Flag(name, annotation, _default_of(field), help_text, group))
+            flags.append(
+                Flag(name, annotation, _default_of(field), help_text, group, bare=field.metadata.get("bare"))
+            )
     return flags
 
 
@@ -557,6 +561,8 @@ def _coerce(flag: Flag, given: _Given) -> Any:
         if not value:
             if inner is bool:
                 return True  # a bare boolean flag
+            if flag.bare is not None:
+                return flag.bare
             raise ConfigError(f"{label} needs a value {given.source}: {expected}.{about}")
         item = _sequence_item(inner)
         if item is None and len(value) > 1:

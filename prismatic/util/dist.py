@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,6 +14,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+LAUNCHER_GONE_EXIT_CODE = 70  # a worker whose torchrun died exits with this code instead of training on
+LAUNCHER_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,35 @@ def init_distributed() -> DistInfo:
         dist.init_process_group(
             backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
         )
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        exit_when_launcher_dies()
     return DistInfo(rank, local_rank, world_size, max(1, world_size // max(1, local_world)), device)
+
+
+def exit_when_launcher_dies(poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:
+    """Exit this worker when its launcher (torchrun, the parent process) is gone.
+
+    A torchrun killed with SIGKILL (or an OOM kill) cannot stop its workers; without this they would train on as
+    orphans, holding GPUs and writing checkpoints no one resumes. A daemon thread notices the parent change (the
+    orphan is re-parented) within `poll_s` and ends the process with `LAUNCHER_GONE_EXIT_CODE`.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                print(
+                    f"[rank {os.environ.get('RANK', '?')}] The launcher (pid {parent}) is gone: exiting instead of "
+                    f"training on as an orphan (exit code {LAUNCHER_GONE_EXIT_CODE}). Resume the run with --resume.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(LAUNCHER_GONE_EXIT_CODE)
+
+    thread = threading.Thread(target=watch, name="launcher-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_once_per_node(

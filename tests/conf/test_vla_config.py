@@ -107,13 +107,39 @@ def test_resume_point_validates_file_name(tmp_path: Path):
     ckpt.write_bytes(b"x")
     cfg = TrainConfig(vla=VLAConfig.get_choice_class("tiny+mx-toy")(), pretrained_checkpoint=ckpt)
     cfg.resume_step, cfg.resume_epoch = 10, 1
-    assert cfg.resume_point() == (10, 1)
+    point = cfg.resume_point()
+    assert (point.path, point.step, point.epoch, point.sharded) == (ckpt, 10, 1, False)
     assert cfg.resolve_run_id(num_nodes=1) == tmp_path.name
+    assert cfg.resolve_run_dir(num_nodes=1) == tmp_path.resolve()
     cfg.resume_step = 11
     with pytest.raises(ConfigError, match="--resume_step 11.*step 10"):
         cfg.resume_point()
     cfg.is_resume = False
     assert cfg.resume_point() is None
+
+
+def test_resume_flag_finds_the_newest_complete_checkpoint_folder(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "r"
+    cfg = TrainConfig(vla=VLAConfig.get_choice_class("tiny+mx-toy")(), resume="latest")
+    with pytest.raises(
+        ConfigError, match="--resume found no complete checkpoint of run 'r'.*without --resume"
+    ):
+        cfg.resume_point(run_dir)
+    for step, complete in ((20, True), (40, True), (60, False)):
+        folder = run_dir / "checkpoints" / f"step-{step:06d}-epoch-01"
+        folder.mkdir(parents=True)
+        if complete:
+            (folder / ".metadata").write_bytes(b"")
+            (folder / "train_state.json").write_text(f'{{"step": {step}, "epoch": 1}}')
+    point = cfg.resume_point(run_dir)
+    assert (point.path.name, point.step, point.epoch, point.sharded) == ("step-000040-epoch-01", 40, 1, True)
+    cfg.resume_step = 20
+    with pytest.raises(ConfigError, match="do not match checkpoint 'step-000040-epoch-01'"):
+        cfg.resume_point(run_dir)
+    with pytest.raises(ConfigError, match="not a complete checkpoint folder"):
+        TrainConfig(resume=str(run_dir / "checkpoints" / "step-000060-epoch-01")).resume_point()
+    with pytest.raises(ConfigError, match="both name what to start from"):
+        TrainConfig(resume="latest", pretrained_checkpoint=tmp_path)
 
 
 def test_lora_fields_and_validation():

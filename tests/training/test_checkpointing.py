@@ -1,4 +1,5 @@
-"""Checkpoint names, atomic writes, and the trackers' resume behaviour."""
+"""Single-file checkpoint helpers, atomic writes, and the trackers' resume behaviour (sharded checkpoints:
+test_checkpoint_manager.py)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,12 @@ import torch
 
 from prismatic.training.checkpointing import (
     atomic_torch_save,
-    checkpoint_name,
     flatten_modules,
     group_by_module,
     load_checkpoint_file,
 )
 from prismatic.training.trackers import JSONLinesTracker, read_metrics
 from prismatic.util.errors import ConfigError
-
-
-def test_checkpoint_name_format():
-    assert checkpoint_name(40, 1, 1.23456) == "step-000040-epoch-01-loss=1.2346.pt"
 
 
 def test_group_and_flatten_round_trip():

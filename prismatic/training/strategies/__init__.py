@@ -17,8 +17,11 @@ TRAIN_STRATEGIES: dict[str, type[TrainingStrategy]] = {
 }
 
 
-def get_train_strategy(vlm: PrismaticVLM, vla: VLAConfig, dist_info: DistInfo) -> TrainingStrategy:
-    return lookup(TRAIN_STRATEGIES, vla.train_strategy, "train_strategy")(vlm, vla, dist_info)
+def get_train_strategy(
+    vlm: PrismaticVLM, vla: VLAConfig, dist_info: DistInfo, *, grad_sync: str = "auto", sharding: str = "auto"
+) -> TrainingStrategy:
+    strategy = lookup(TRAIN_STRATEGIES, vla.train_strategy, "train_strategy")
+    return strategy(vlm, vla, dist_info, grad_sync=grad_sync, sharding=sharding)
 
 
 __all__ = ["TRAIN_STRATEGIES", "TrainingStrategy", "get_train_strategy"]

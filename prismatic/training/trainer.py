@@ -1,0 +1,115 @@
+"""The training loop, top to bottom: batch -> forward/loss -> backward (accumulating) -> clip -> step -> metrics ->
+eval -> checkpoint.
+
+Everything it calls is swappable without touching it: the strategy (FSDP2 / DDP) says how gradients are synced
+and clipped, the action head computes the loss, the checkpoint manager decides when and how to save. Counters
+(step, epoch, frames consumed over all ranks) live in one dict that the checkpoint reads, so a checkpoint always
+holds the position the loop is at. Host syncs: one per step (the metrics' all-reduce, when they are logged);
+the micro-batches never wait for the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from prismatic.models.action_heads import HeadOutput
+from prismatic.training.checkpointing import CheckpointManager
+from prismatic.training.metrics import StepMetrics
+from prismatic.training.preemption import Preempted, PreemptionHandler
+from prismatic.training.strategies.base import TrainingStrategy
+from prismatic.training.trackers import Tracker
+
+
+@dataclass
+class LoopPlan:
+    start_step: int  # the step the run is at (0, or the resumed checkpoint's)
+    num_training_steps: int
+    steps_per_epoch: int
+    global_batch_size: int  # frames consumed per step over all ranks
+    eval_interval: int | None
+    show_progress: bool = True
+
+
+def train_loop(
+    strategy: TrainingStrategy,
+    head: Callable[[Any, dict[str, Any]], HeadOutput],
+    batches: Iterator[dict[str, Any]],
+    metrics: StepMetrics,
+    trackers: list[Tracker],
+    plan: LoopPlan,
+    counters: dict[str, int],
+    checkpoints: CheckpointManager,
+    save: Callable[[bool], Path],
+    validate: Callable[[], dict[str, float]] | None,
+    preemption: PreemptionHandler,
+) -> dict[str, float]:
+    """Train from `plan.start_step` to `plan.num_training_steps`; returns the last step's metrics.
+
+    `save(blocking)` writes a checkpoint of the current `counters`. Raises `Preempted` after saving when a rank
+    received SIGTERM / SIGINT.
+    """
+    model, optimizer, scheduler = strategy.model, strategy.optimizer, strategy.lr_scheduler
+    n_micro = strategy.grad_accumulation_steps
+    last: dict[str, float] = {}
+    bar = tqdm(
+        total=plan.num_training_steps,
+        initial=plan.start_step,
+        desc="train",
+        disable=not plan.show_progress,
+        dynamic_ncols=True,
+    )
+    for step in range(plan.start_step + 1, plan.num_training_steps + 1):
+        started = time.perf_counter()
+        learning_rate = scheduler.get_last_lr()[0]
+        model.train()
+        for i in range(n_micro):
+            batch = strategy.to_device(next(batches))
+            with strategy.accumulate(is_last_micro_batch=i == n_micro - 1), strategy.autocast():
+                out = head(model, batch)
+                (out.loss / n_micro).backward()
+            metrics.update(
+                out.loss, out.logits, batch["labels"], strategy.vlm.num_patches, batch["dataset_names"]
+            )
+        grad_norm = strategy.clip_grad_norm()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        counters.update(
+            step=step,
+            epoch=step // plan.steps_per_epoch,
+            frames=counters["frames"] + plan.global_batch_size,
+        )
+        last = metrics.reduce(grad_norm)
+        step_time = time.perf_counter() - started
+        last.update(
+            learning_rate=learning_rate,
+            epoch=counters["epoch"],
+            frames=counters["frames"],
+            step_time_s=step_time,
+            samples_per_s=plan.global_batch_size / step_time,
+        )
+        is_last = step == plan.num_training_steps
+        if validate is not None and (step % plan.eval_interval == 0 or is_last):
+            last.update(validate())
+        for tracker in trackers:
+            tracker.log(step, last)
+        bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['action_accuracy']:.3f}")
+        bar.update()
+
+        signum = preemption.requested()
+        if signum or checkpoints.should_save(step, is_last):
+            save(bool(signum) or is_last)
+        checkpoints.poll()
+        if signum:
+            bar.close()
+            raise Preempted(signum, step)
+    bar.close()
+    checkpoints.wait()
+    return last

@@ -1,0 +1,223 @@
+"""Interrupted runs under torchrun on CPU: SIGTERM, kill -9 in the middle of saves, another world size, two
+"nodes" on one machine, and resumes that must be refused.
+
+The reference is an uninterrupted run of the same command (`full_run` of tests/test_train_e2e.py, 6 steps of 8
+frames on 2 processes); a resumed run must reproduce its training curve bit for bit (`==`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from train_runs import (
+    REPO,
+    STEPS,
+    TRAIN,
+    assert_same_training_curve,
+    checkpoints,
+    free_port,
+    run_train,
+    tiny_args,
+)
+
+from prismatic.models.checkpoint_format import complete_checkpoints, load_checkpoint_file, newest_checkpoint
+from prismatic.training.trackers import read_metrics
+
+ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+
+
+def start_train(args: list[str], log: Path) -> subprocess.Popen:
+    """torchrun with 2 processes in its own process group (so a signal can reach all of it), output to `log`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+    ]
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [*cmd, TRAIN, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+            cwd=REPO,
+            start_new_session=True,
+        )
+
+
+def wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"training ended early ({proc.returncode}):\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.05)
+
+
+def steps_logged(run_dir: Path) -> int:
+    metrics = run_dir / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(
+    full_run: Path, toy_data_root: Path, tmp_path: Path
+):
+    run_dir = tmp_path / "pre"
+    args = tiny_args(toy_data_root, tmp_path, "pre", "--save_interval", "100")  # only the preemption saves
+    log = tmp_path / "first.log"
+    proc = start_train(args, log)
+    wait_for(lambda: steps_logged(run_dir) >= 2, proc, log)
+    os.killpg(proc.pid, signal.SIGTERM)  # what a cluster does: the launcher and its workers get it
+    proc.wait(timeout=300)
+    text = log.read_text()
+    assert "Stopped by SIGTERM after step" in text, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    saved = newest_checkpoint(run_dir / "checkpoints")
+    stopped_at = load_checkpoint_file(saved)["train_state"]["step"]
+    assert 2 <= stopped_at < STEPS and steps_logged(run_dir) == stopped_at
+
+    proc = run_train([*args, "--resume"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert_same_training_curve(read_metrics(full_run), read_metrics(run_dir))
+
+
+def test_kill_9_during_saves_keeps_a_complete_checkpoint_that_resumes(
+    full_run: Path,
+    toy_data_root: Path,
+    tmp_path: Path,
+):
+    run_dir = tmp_path / "killed"
+    # A save after every step: a kill at a random moment very likely lands inside one.
+    args = tiny_args(toy_data_root, tmp_path, "killed", "--save_interval", "1", "--checkpoint.keep_last", "2")
+    log = tmp_path / "first.log"
+    proc = start_train(args, log)
+    ckpts = run_dir / "checkpoints"
+    wait_for(lambda: len(complete_checkpoints(ckpts)) >= 1, proc, log)
+    time.sleep(random.Random(0).uniform(0.0, 0.5))
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+    newest = newest_checkpoint(ckpts)
+    step = load_checkpoint_file(newest)["train_state"]["step"]
+    assert 1 <= step < STEPS
+
+    proc = run_train([*args, "--resume"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert_same_training_curve(read_metrics(full_run), read_metrics(run_dir))
+    # keep_last 2: only the two newest remain, and no half-written folder is left behind.
+    assert [p.name for p in complete_checkpoints(ckpts)] == ["step-000005-epoch-00", "step-000006-epoch-00"]
+    assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_resume_on_one_process_continues_at_the_same_frame(
+    full_run: Path, toy_data_root: Path, tmp_path: Path
+):
+    """2 -> 1 process: DCP reshards model and optimizer; the single rank continues after 3 x 16 = 48 frames."""
+    run_dir = tmp_path / "full"
+    shutil.copytree(full_run, run_dir)
+    shutil.rmtree(checkpoints(run_dir)[STEPS])
+    args = tiny_args(toy_data_root, tmp_path, "full", "--resume", "--vla.expected_world_size", "1")
+    args += ["--vla.per_device_batch_size", "8"]
+    proc = run_train(args, nproc=None)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "world size 2 -> 1" in proc.stderr and "restored at frame 48 (skip)" in proc.stderr, proc.stderr[
+        -3000:
+    ]
+    records = read_metrics(run_dir)
+    assert [r["frames"] for r in records] == [16 * step for step in range(1, STEPS + 1)]
+    assert records[3]["learning_rate"] == read_metrics(full_run)[3]["learning_rate"]
+    assert load_checkpoint_file(checkpoints(run_dir)[STEPS])["train_state"]["world_size"] == 1
+
+
+def test_resume_with_another_seed_is_refused(full_run: Path, toy_data_root: Path, tmp_path: Path):
+    run_dir = tmp_path / "full"
+    shutil.copytree(full_run, run_dir)
+    proc = run_train(tiny_args(toy_data_root, tmp_path, "full", "--resume", "--seed", "8"))
+    assert proc.returncode != 0
+    assert "--seed 8 (the checkpoint's run used 7)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_a_crash_before_any_is_not(
+    full_run: Path,
+    toy_data_root: Path,
+    tmp_path: Path,
+):
+    run_dir = tmp_path / "full"
+    shutil.copytree(full_run, run_dir)
+    proc = run_train(tiny_args(toy_data_root, tmp_path, "full"), nproc=None)
+    assert proc.returncode == 2
+    assert f"newest: '{checkpoints(run_dir)[STEPS]}'" in proc.stderr and "plus --resume" in proc.stderr
+    # Without a checkpoint the same command starts over, and --resume says there is nothing to resume.
+    shutil.rmtree(run_dir / "checkpoints")
+    proc = run_train([*tiny_args(toy_data_root, tmp_path, "full"), "--resume"], nproc=None)
+    assert proc.returncode == 2 and "found no complete checkpoint of run 'full'" in proc.stderr
+
+
+def two_node_command(node_rank: int, port: int, args: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--node_rank",
+        str(node_rank),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        f"two-nodes-{port}",
+        TRAIN,
+        *args,
+    ]
+
+
+def run_two_nodes(args: list[str], tmp_path: Path, name: str) -> str:
+    port = free_port()
+    logs = [tmp_path / f"{name}-node{i}.log" for i in range(2)]
+    procs = []
+    for i, log in enumerate(logs):
+        with log.open("w") as out:
+            procs.append(
+                subprocess.Popen(
+                    two_node_command(i, port, args), stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=REPO
+                )
+            )
+    for proc in procs:
+        proc.wait(timeout=600)
+    text = "\n".join(log.read_text() for log in logs)
+    assert all(proc.returncode == 0 for proc in procs), text[-6000:]
+    return text
+
+
+def test_two_nodes_on_one_machine_train_save_and_resume(full_run: Path, toy_data_root: Path, tmp_path: Path):
+    """torchrun --nnodes 2 (one process each, c10d rendezvous): a hybrid mesh (2 nodes x 1), save, resume."""
+    args = tiny_args(toy_data_root, tmp_path, "nodes", "--trackers", "[jsonl]")
+    text = run_two_nodes(args, tmp_path, "first")
+    assert "FSDP mesh: hybrid, 2 nodes (replicate) x 1 ranks (shard)" in text
+    run_dir = tmp_path / "nodes"
+    first = read_metrics(run_dir)
+    assert [r["step"] for r in first] == list(range(1, STEPS + 1))
+    assert sorted(checkpoints(run_dir)) == [3, 6]
+
+    shutil.rmtree(checkpoints(run_dir)[STEPS])
+    text = run_two_nodes([*args, "--resume"], tmp_path, "resumed")
+    assert "restored at frame 24 (snapshot)" in text
+    assert_same_training_curve(first, read_metrics(run_dir))
+    # Two ranks of 8 frames each per step on the same data as the 2-process run: the same first loss.
+    assert first[0]["loss"] == pytest.approx(read_metrics(full_run)[0]["loss"], rel=1e-5)
