@@ -69,5 +69,17 @@ bench-serve: $(STAMP)
 bench-load: $(STAMP)
 	$(BIN)/python benchmarks/bench_load.py
 
+# Checkpoints at scale: sharded (DCP) vs single-file save / async stall / bytes / load, tiny and >= 300M params
+# (bench_checkpoint.py); set-up memory per rank with meta-device start-up (bench_startup_memory.py); resuming the
+# data stream after 10k vs 160k frames, snapshot vs skipping (bench_data_resume.py).
+.PHONY: bench-checkpoint bench-startup bench-data-resume
+bench-checkpoint: $(STAMP)
+	$(BIN)/python benchmarks/bench_checkpoint.py
+bench-startup: $(STAMP)
+	$(BIN)/python benchmarks/bench_startup_memory.py
+bench-data-resume: $(STAMP)
+	$(BIN)/python vla_scripts/build_toy_dataset.py --data_root_dir $(DATA_ROOT)
+	$(BIN)/python benchmarks/bench_data_resume.py --data_root_dir $(DATA_ROOT)
+
 # All benchmarks; each prints its figures.
-bench: bench-data bench-train bench-predict bench-serve bench-load
+bench: bench-data bench-train bench-predict bench-serve bench-load bench-checkpoint bench-startup bench-data-resume

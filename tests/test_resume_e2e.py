@@ -82,7 +82,10 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(
     proc.wait(timeout=300)
     text = log.read_text()
     assert "Stopped by SIGTERM after step" in text, text[-4000:]
-    assert "Traceback" not in text, text[-4000:]
+    # torchrun, which got the signal too, prints its own SignalException; no worker failed.
+    assert "prismatic/" not in text.split("Stopped by SIGTERM")[-1] and "ChildFailedError" not in text, text[
+        -4000:
+    ]
     saved = newest_checkpoint(run_dir / "checkpoints")
     stopped_at = load_checkpoint_file(saved)["train_state"]["step"]
     assert 2 <= stopped_at < STEPS and steps_logged(run_dir) == stopped_at
@@ -144,8 +147,11 @@ def test_resume_on_one_process_continues_at_the_same_frame(
 def test_resume_with_another_seed_is_refused(full_run: Path, toy_data_root: Path, tmp_path: Path):
     run_dir = tmp_path / "full"
     shutil.copytree(full_run, run_dir)
-    proc = run_train(tiny_args(toy_data_root, tmp_path, "full", "--resume", "--seed", "8"))
-    assert proc.returncode != 0
+    args = tiny_args(
+        toy_data_root, tmp_path, "full", "--resume", "--seed", "8", "--vla.expected_world_size", "1"
+    )
+    proc = run_train(args, nproc=None)
+    assert proc.returncode == 2
     assert "--seed 8 (the checkpoint's run used 7)" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -156,12 +162,13 @@ def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_a_crash_before_
 ):
     run_dir = tmp_path / "full"
     shutil.copytree(full_run, run_dir)
-    proc = run_train(tiny_args(toy_data_root, tmp_path, "full"), nproc=None)
+    one = ("--vla.expected_world_size", "1")
+    proc = run_train(tiny_args(toy_data_root, tmp_path, "full", *one), nproc=None)
     assert proc.returncode == 2
     assert f"newest: '{checkpoints(run_dir)[STEPS]}'" in proc.stderr and "plus --resume" in proc.stderr
     # Without a checkpoint the same command starts over, and --resume says there is nothing to resume.
     shutil.rmtree(run_dir / "checkpoints")
-    proc = run_train([*tiny_args(toy_data_root, tmp_path, "full"), "--resume"], nproc=None)
+    proc = run_train([*tiny_args(toy_data_root, tmp_path, "full", *one), "--resume"], nproc=None)
     assert proc.returncode == 2 and "found no complete checkpoint of run 'full'" in proc.stderr
 
 

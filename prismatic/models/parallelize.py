@@ -38,7 +38,7 @@ def cast_frozen_params_to_bf16(vlm: PrismaticVLM) -> int:
     Only for FSDP under bf16 mixed precision, where all-gathered parameters are cast to bf16 for compute anyway, so
     frozen weights lose nothing and their memory halves. FSDP2 accepts mixed dtypes inside one unit as long as its
     *trainable* parameters share one dtype (they stay FP32: master weights and optimizer state). Buffers stay as
-    they are. Checkpoints are written in FP32 regardless (see `Checkpointer.save`). Returns the number cast.
+    they are. Sharded checkpoints store them as they are (bf16); `load_checkpoint_file` returns FP32. Returns the number cast.
     """
     cast = 0
     for param in vlm.parameters():

@@ -1,0 +1,275 @@
+"""Teacher-forced evaluation on the held-out split of every dataset of the mixture, during training.
+
+`Validator` is built once; `Validator.run(model)` is collective (call it on every rank, at the same step). Each
+dataset of the mixture is evaluated on its own (a one-dataset stream of its held-out split), so a dataset with a
+tiny sampling weight is measured as well as a large one. The split is the pipeline's: `val` where the dataset has
+one, else the last 5% of `train` (`rlds/dataset.py:_split_name`); actions are normalised with the train
+statistics, as in training.
+
+Metrics (every sum is over the frames evaluated on all ranks; "overall" pools the frames of all datasets, so each
+dataset counts by the frames it contributed, `num_batches * batch * ranks` normally, not by its mixture weight):
+    loss            cross-entropy summed over every supervised token (labels != IGNORE_INDEX: the action tokens
+                    and the stop token), divided by the number of those tokens. Recomputed per token from the
+                    logits, so per-dataset losses are exact; it is the HF loss of one batch holding every frame.
+    action_accuracy argmax prediction == target, over the action tokens (target > action_token_begin_idx).
+    l1_loss         |decode(prediction) - decode(target)| averaged over the action tokens (normalised action
+                    units; decode = bin centre, `ActionTokenizer.decode_ids`).
+    samples         frames evaluated.
+accuracy and L1 follow `prismatic/training/metrics.py:StepMetrics.update`, so train and val curves compare.
+
+Why a fixed number of batches: FSDP all-gathers parameters inside forward, so every rank must run the same number
+of forward passes. Ranks' shards of a split differ in size; each rank runs exactly `num_batches` batches per
+dataset and restarts its (deterministic) pass from the first frame when it runs out. The same frames are
+evaluated every time, so val curves are comparable across steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from prismatic.util.constants import IGNORE_INDEX
+from prismatic.util.errors import ConfigError
+from prismatic.vla.action_tokenizer import ActionTokenizer
+
+logger = logging.getLogger(__name__)
+
+# Columns of the per-dataset sums.
+_CE, _TOKENS, _CORRECT, _ACTION_TOKENS, _L1, _SAMPLES = range(6)
+_NUM_COLUMNS = 6
+
+
+@dataclass
+class _HeldOut:
+    """One dataset's held-out stream for this rank; `counted` False: run the forward passes, count nothing."""
+
+    name: str
+    dataset: Any  # RLDSDataset (imported lazily: it pulls in TensorFlow)
+    counted: bool
+
+
+class Validator:
+    """Held-out loss / action accuracy / L1, per dataset and overall; `run` is collective (see module docstring).
+
+    Args:
+        data_root_dir, data_mix: as for training; every dataset of the mixture present there is evaluated.
+        batch_transform: frame -> model inputs (`RLDSBatchTransform`), the training one.
+        resize_resolution: (height, width) of the images, as for training.
+        collator: list of transformed frames -> batch (`PaddedCollatorForActionPrediction`).
+        per_device_batch_size: frames per forward pass.
+        num_batches: forward passes per rank per dataset, every run (the same on every rank).
+        action_tokenizer: gives the action token ids and their decoding.
+        num_patches: the VLM's `num_patches` (logit at `num_patches + j - 1` predicts text token j).
+        rank, world_size, seed: this rank's place; the held-out frames are a deterministic function of them.
+        device: where the batches, the metric sums and the final all-reduce live.
+        skip_missing_datasets: as for training (a dataset missing under `data_root_dir` is not evaluated).
+
+    Raises:
+        ValueError: `per_device_batch_size` or `num_batches` below 1.
+        ConfigError: from the pipeline (unknown mixture, missing data), or no dataset has held-out frames.
+    """
+
+    def __init__(
+        self,
+        data_root_dir: Path,
+        data_mix: str,
+        batch_transform: Callable[[dict[str, Any]], dict[str, Any]],
+        resize_resolution: tuple[int, int],
+        collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
+        *,
+        per_device_batch_size: int,
+        num_batches: int,
+        action_tokenizer: ActionTokenizer,
+        num_patches: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 7,
+        device: torch.device | str = "cpu",
+        skip_missing_datasets: bool = False,
+    ) -> None:
+        if per_device_batch_size < 1:
+            raise ValueError(f"per_device_batch_size must be >= 1, got {per_device_batch_size}.")
+        if num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1, got {num_batches}.")
+        from prismatic.vla.datasets.datasets import RLDSDataset
+        from prismatic.vla.datasets.rlds.dataset import _split_name, load_builder, resolve_mixture_dirs
+
+        self.collator, self.batch_size, self.num_batches = collator, per_device_batch_size, num_batches
+        self.num_patches, self.device = num_patches, torch.device(device)
+        self.world_size = world_size
+        self.action_token_begin_idx = action_tokenizer.action_token_begin_idx
+        self.vocab_size = action_tokenizer.vocab_size
+        self.bin_centers = torch.as_tensor(
+            action_tokenizer.bin_centers, dtype=torch.float64, device=self.device
+        )
+
+        self.held_out: list[_HeldOut] = []
+        members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
+        for config, _, dataset_dir in members:
+            builder = load_builder(dataset_dir)
+            split = _split_name(builder, train=False)
+            num_trajectories = int(builder.info.splits[split].num_examples)
+            if num_trajectories == 0:
+                logger.warning(
+                    "Dataset '%s' has no held-out trajectories (%s): not evaluated.", config.name, split
+                )
+                continue
+            # A split with fewer trajectories than ranks cannot be sharded: every rank reads all of it and only
+            # rank 0's frames count (the others still run their forward passes, which FSDP needs).
+            shared = num_trajectories < world_size
+            dataset = RLDSDataset(
+                data_root_dir,
+                config.name,  # a registered dataset is a one-dataset mixture
+                batch_transform,
+                resize_resolution,
+                shuffle_buffer_size=0,  # unused: held-out streams are not shuffled
+                train=False,
+                seed=seed,
+                rank=0 if shared else rank,
+                world_size=1 if shared else world_size,
+            )
+            self.held_out.append(_HeldOut(config.name, dataset, counted=rank == 0 or not shared))
+        if not self.held_out:
+            raise ConfigError(f"No dataset of mixture '{data_mix}' has held-out frames to evaluate.")
+        self.dataset_names = [h.name for h in self.held_out]
+        logger.info(
+            "Validation: %d batches of %d held-out frames per rank on each of %s.",
+            num_batches,
+            per_device_batch_size,
+            ", ".join(self.dataset_names),
+        )
+
+    @torch.no_grad()
+    def run(
+        self,
+        model: torch.nn.Module,
+        autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> dict[str, float]:
+        """Evaluate `model` (plain, DDP or FSDP2-wrapped) on every dataset's held-out frames; return the metrics.
+
+        Collective: every rank runs `num_batches` forward passes per dataset, then one all-reduce (SUM) of the
+        sums. The model is put in eval mode and given back in the mode it came in.
+
+        Returns:
+            {"val/loss", "val/action_accuracy", "val/l1_loss", "val/samples"} overall, and the same four under
+            "val/<dataset>/..." for every evaluated dataset; identical on every rank.
+        """
+        was_training = model.training
+        model.eval()
+        sums = torch.zeros(len(self.held_out), _NUM_COLUMNS, dtype=torch.float64, device=self.device)
+        try:
+            for row, held_out in enumerate(self.held_out):
+                with contextlib.closing(_cycle(held_out)) as frames:
+                    for _ in range(self.num_batches):
+                        batch = self.collator(list(itertools.islice(frames, self.batch_size)))
+                        with autocast() if autocast is not None else contextlib.nullcontext():
+                            output = model(
+                                input_ids=_to_device(batch["input_ids"], self.device),
+                                attention_mask=_to_device(batch["attention_mask"], self.device),
+                                pixel_values=_to_device(batch["pixel_values"], self.device),
+                                labels=None,  # the loss is recomputed per token below; HF's would upcast all logits
+                            )
+                        if held_out.counted:
+                            sums[row] += self._batch_sums(
+                                output.logits, _to_device(batch["labels"], self.device)
+                            )
+        finally:
+            _reshard(model)
+            model.train(was_training)
+        if self.world_size > 1 and dist.is_initialized():
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        return _metrics(self.dataset_names, sums.cpu())
+
+    def _batch_sums(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """float64[6] on device: the batch's CE sum, supervised tokens, correct / all action tokens, L1 sum, samples.
+
+        No host synchronisation (no boolean indexing, no `.item()`): masks multiply instead.
+        """
+        # Logit at position t predicts token t+1; patches sit after BOS, so text token j >= 1 is predicted at
+        # position num_patches + j - 1 (as in StepMetrics).
+        text_logits = logits[:, self.num_patches : -1]
+        targets = labels[:, 1:]
+        ce = F.cross_entropy(
+            text_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        )  # 0 where ignored
+        supervised = targets != IGNORE_INDEX
+        preds = text_logits.argmax(dim=-1)
+        action = targets > self.action_token_begin_idx
+        correct = (preds == targets) & action
+        l1 = (self._decode(preds) - self._decode(targets)).abs() * action
+        return torch.stack(
+            [
+                ce.double().sum(),
+                supervised.sum().double(),
+                correct.sum().double(),
+                action.sum().double(),
+                l1.sum(),
+                torch.full((), float(labels.shape[0]), dtype=torch.float64, device=labels.device),
+            ]
+        )
+
+    def _decode(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """`ActionTokenizer.decode_ids` on device: token id -> bin centre (ids outside the bins are clipped)."""
+        indices = (self.vocab_size - token_ids - 1).clamp(0, self.bin_centers.numel() - 1)
+        return self.bin_centers[indices]
+
+
+def _cycle(held_out: _HeldOut) -> Iterator[dict[str, Any]]:
+    """This rank's held-out frames, forever: the (deterministic) pass restarts from its first frame when it ends."""
+    while True:
+        empty = True
+        for frame in held_out.dataset:
+            empty = False
+            yield frame
+        if empty:
+            raise ConfigError(
+                f"The held-out split of dataset '{held_out.name}' yields no frames on this rank."
+            )
+
+
+def _to_device(value: torch.Tensor | dict[str, torch.Tensor], device: torch.device) -> Any:
+    """Copy a batch tensor (or a fused backbone's dict of them) to `device`.
+
+    To CUDA through pinned memory, asynchronously: a copy from pageable memory may wait for the GPU to finish the
+    previous batch, a host synchronisation per batch.
+    """
+    if isinstance(value, dict):  # fused backbones: {"dino": ..., "siglip": ...}
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if device.type == "cuda":
+        return value.pin_memory().to(device, non_blocking=True)
+    return value.to(device)
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Free FSDP2 parameters left gathered: with `reshard_after_forward=False` only a backward would free them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def _metrics(names: list[str], sums: torch.Tensor) -> dict[str, float]:
+    """Ratios of the reduced sums, overall (pooled over datasets) and per dataset."""
+
+    def ratios(row: torch.Tensor) -> dict[str, float]:
+        return {
+            "loss": (row[_CE] / row[_TOKENS].clamp(min=1)).item(),
+            "action_accuracy": (row[_CORRECT] / row[_ACTION_TOKENS].clamp(min=1)).item(),
+            "l1_loss": (row[_L1] / row[_ACTION_TOKENS].clamp(min=1)).item(),
+            "samples": row[_SAMPLES].item(),
+        }
+
+    out = {f"val/{key}": value for key, value in ratios(sums.sum(dim=0)).items()}
+    for name, row in zip(names, sums, strict=True):
+        out.update({f"val/{name}/{key}": value for key, value in ratios(row).items()})
+    return out
