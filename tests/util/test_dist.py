@@ -58,3 +58,40 @@ def test_a_failure_on_rank_zero_releases_the_others(tmp_path: Path) -> None:
     returned = {e["returned_on"]: e for e in events if "returned_on" in e}
     assert returned[0]["error"] == "statistics pass failed"
     assert returned[1]["error"] is None  # released by the barrier, not left waiting for the 12 h timeout
+
+
+def test_a_worker_whose_launcher_dies_exits_instead_of_training_on(tmp_path):
+    """kill -9 of the launcher (torchrun): its orphaned worker notices and exits with code 70, saying why."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file, err_file = tmp_path / "worker.pid", tmp_path / "worker.err"
+    worker = (
+        "import os, time; from prismatic.util.dist import exit_when_launcher_dies; "
+        f"exit_when_launcher_dies(poll_s=0.05); open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    # The launcher starts the worker and waits for it, as torchrun does.
+    launcher_code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {worker!r}], stderr=open({str(err_file)!r}, 'w'))"
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    worker_pid = int(pid_file.read_text())
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            break
+        status = Path(f"/proc/{worker_pid}/status")
+        if status.exists() and "State:\tZ" in status.read_text():
+            break  # exited; its new parent has not reaped it yet
+        assert time.monotonic() < deadline, "the orphaned worker is still running"
+        time.sleep(0.05)
+    assert "The launcher (pid" in err_file.read_text() and "exit code 70" in err_file.read_text()
