@@ -109,9 +109,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from prismatic.models import load
     from prismatic.models.action_heads import get_action_head
     from prismatic.models.checkpoint_format import checkpoint_dir_name, load_checkpoint_file
+    from prismatic.models.distributed_init import load_on_rank0
     from prismatic.training.checkpointing import (
         CheckpointManager,
         check_resume_compatible,
@@ -190,7 +190,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         )
 
     # A registry id builds the base VLM; a Prismatic run folder / HF OpenVLA folder / Hub id loads its weights.
-    vlm = load(cfg.vla.base_vlm, hf_token=cfg.resolve_hf_token())
+    # Only rank 0 holds them: the other ranks build the model on the meta device and receive their shards from
+    # rank 0 when the strategy wraps it (host memory at 7B: one full copy per node instead of one per rank).
+    vlm = load_on_rank0(cfg.vla.base_vlm, hf_token=cfg.resolve_hf_token())
     vlm.freeze_backbones(cfg.vla.stage)
     if cfg.vla.use_lora:  # adapters on the modules the stage trains; the same loop and strategies train them
         from prismatic.models.lora import apply_lora

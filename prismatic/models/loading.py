@@ -1,8 +1,8 @@
 """Load a VLM / VLA from wherever it lives: a registry id, a Prismatic run folder, an HF OpenVLA folder, or the
 Hugging Face Hub.
 
-    load(model_id_or_path, hf_token=None, dtype=None) -> PrismaticVLM
-    load_vla(model_id_or_path, hf_token=None, dtype=None) -> LoadedVLA(vlm, norm_stats, source)
+    load(model_id_or_path, hf_token=None, dtype=None, device=None) -> PrismaticVLM
+    load_vla(model_id_or_path, hf_token=None, dtype=None, device=None) -> LoadedVLA(vlm, norm_stats, source)
 
 Sources, tried in this order:
 - an existing folder with an HF OpenVLA `config.json` (`model_type` "openvla" / "prismatic"): the architecture from
@@ -10,11 +10,12 @@ Sources, tried in this order:
   safetensors shards;
 - an existing folder with `config.json` and `checkpoints/` (TRI-ML's Prismatic layout, OpenVLA's run folders and
   ours): the architecture from `config.json` (`{"model": {...}}` or `{"vla": {"base_vlm": ...}}`), weights from
-  `checkpoints/latest-checkpoint.pt` (else the newest `step-*.pt`). A run that started from a folder or Hub id
+  its newest complete sharded checkpoint `checkpoints/step-*/` (else `checkpoints/latest-checkpoint.pt`, else the
+  newest `step-*.pt`). A run that started from a folder or Hub id
   (`vla.base_vlm`) takes its architecture, LLM config and tokenizer from that checkpoint (a Hub id from the local
   cache, config and tokenizer files only): the base LLM is never downloaded again. Parts the checkpoint does not hold
   (a frozen vision backbone) keep the weights of the model the run started from; a LoRA run's adapters are merged;
-- a `<run folder>/checkpoints/*.pt` file: that checkpoint of the run, as above;
+- a `<run folder>/checkpoints/step-*` folder or `*.pt` file: that checkpoint of the run, as above;
 - a base-VLM registry id: `build_vlm` (pretrained backbones);
 - otherwise a Hub repo id ("openvla/openvla-7b", or "org/repo/subfolder" for a run folder inside a repo), fetched
   with `huggingface_hub.snapshot_download` into the local cache (`hf_token` passed along; offline, the cache) and
@@ -24,6 +25,10 @@ Memory: the parts a checkpoint fills are built with their parameters on the meta
 as it is read (HF folders: one safetensors shard at a time), converted to `dtype` on the way. Peak host memory is
 about one copy of the model in `dtype` plus one shard, never a random-init copy plus the whole state dict.
 `dtype=torch.bfloat16` halves it; the default is FP32 (what training wants).
+
+`device="meta"` builds the same model (architecture, tokenizer, prompt builder, `dtype`) with every parameter and
+buffer on the meta device and reads no weight file (a Hub id fetches config and tokenizer files only): what the
+ranks other than 0 hold before `prismatic.models.distributed_init` fills their shards from rank 0.
 
 Weights are read with `torch.load(weights_only=True)` or safetensors: never unpickling arbitrary objects, never
 remote code. A missing file, a missing / unexpected key or a shape mismatch is a `ConfigError` naming it, raised
@@ -42,6 +47,13 @@ from typing import Any
 
 import torch
 
+from prismatic.models.checkpoint_format import (
+    CHECKPOINTS_DIR,
+    LEGACY_LATEST,
+    is_sharded_checkpoint,
+    latest_checkpoint,
+    load_checkpoint_file,
+)
 from prismatic.models.materialize import VLM_PARTS, VLMArchitecture
 from prismatic.models.registry import BASE_VLMS, BaseVLMSpec, get_base_vlm_spec
 from prismatic.models.vlms.prismatic import PrismaticVLM
@@ -49,7 +61,7 @@ from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-LATEST_CHECKPOINT = "latest-checkpoint.pt"
+LATEST_CHECKPOINT = LEGACY_LATEST
 # What a Hub snapshot needs: configs, weights, tokenizer files, statistics (never code).
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.model", "tokenizer*", "checkpoints/*"]
 # What describing a Hub checkpoint needs (a run's base): configs and tokenizer, no weights.
@@ -82,19 +94,25 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 
 def load(
-    model_id_or_path: str | Path, hf_token: str | None = None, dtype: str | torch.dtype | None = None
+    model_id_or_path: str | Path,
+    hf_token: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
 ) -> PrismaticVLM:
     """A `PrismaticVLM` (FP32 unless `dtype` says otherwise) from a registry id, a local folder or the Hub (see the
-    module docstring).
+    module docstring); `device="meta"` gives its architecture only, no weights read.
 
     Raises:
-        ConfigError: unknown id / path / dtype, missing files, or weights that do not fit the architecture.
+        ConfigError: unknown id / path / dtype / device, missing files, or weights that do not fit the architecture.
     """
-    return load_vla(model_id_or_path, hf_token=hf_token, dtype=dtype).vlm
+    return load_vla(model_id_or_path, hf_token=hf_token, dtype=dtype, device=device).vlm
 
 
 def load_vla(
-    model_id_or_path: str | Path, hf_token: str | None = None, dtype: str | torch.dtype | None = None
+    model_id_or_path: str | Path,
+    hf_token: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
 ) -> LoadedVLA:
     """Like `load`, also returning the action statistics the checkpoint carries (None for a plain VLM).
 
@@ -102,27 +120,46 @@ def load_vla(
         model_id_or_path: a registry id, a run folder, a `<run>/checkpoints/*.pt`, an HF OpenVLA folder or a Hub id.
         hf_token: for gated Hub repos.
         dtype: parameter dtype ("float32" default, "bfloat16", "float16"); checkpoints stream into it.
+        device: None / "cpu" (weights in host memory), or "meta": the same model with every parameter and buffer
+            on the meta device, built without reading (or downloading) any weight file.
     """
     target = resolve_dtype(dtype)
+    on_meta = _resolve_on_meta(device)
     source = str(model_id_or_path)
     path = Path(model_id_or_path).expanduser()
+    if is_sharded_checkpoint(path) and path.parent.name == CHECKPOINTS_DIR:  # <run>/checkpoints/step-*/
+        return _load_prismatic_run(
+            path.parent.parent, hf_token, source, target, checkpoint=path, on_meta=on_meta
+        )
     if path.is_dir():
-        return _load_folder(path, hf_token, target)
+        return _load_folder(path, hf_token, target, on_meta=on_meta)
     if source in BASE_VLMS:
-        from prismatic.models.materialize import build_vlm, cast_floating_parameters
+        from prismatic.models.materialize import (
+            build_vlm,
+            build_vlm_from_architecture,
+            cast_floating_parameters,
+        )
 
-        vlm = build_vlm(source, hf_token=hf_token)
+        if on_meta:  # as `build_vlm` builds it, minus pretrained weights and random init
+            vlm = build_vlm_from_architecture(VLMArchitecture(source, BASE_VLMS[source]), hf_token=hf_token)
+        else:
+            vlm = build_vlm(source, hf_token=hf_token)
         cast_floating_parameters(vlm, target)
-        return LoadedVLA(vlm, None, source)
+        return LoadedVLA(_buffers_on_meta(vlm) if on_meta else vlm, None, source)
     if path.is_file() and path.suffix == ".pt" and path.parent.name == "checkpoints":
-        return _load_prismatic_run(path.parent.parent, hf_token, source, target, checkpoint=path)
+        return _load_prismatic_run(
+            path.parent.parent, hf_token, source, target, checkpoint=path, on_meta=on_meta
+        )
     if path.exists():
         raise ConfigError(
             f"'{source}' is a file; pass the run folder (holding config.json and checkpoints/), one of its "
             "checkpoints/*.pt, or an HF OpenVLA folder instead."
         )
     if _looks_like_hub_id(source):
-        return _load_folder(_hub_snapshot(source, hf_token), hf_token, target, source=source)
+        patterns = _HUB_CONFIG_PATTERNS if on_meta else _HUB_PATTERNS
+        return _load_folder(
+            _hub_snapshot(source, hf_token, patterns), hf_token, target, source=source, on_meta=on_meta
+        )
     if "/" in source or source.startswith((".", "~")):
         raise ConfigError(
             f"'{source}' is neither a local folder nor a base-VLM registry id. Pass a Prismatic run folder, an HF "
@@ -130,6 +167,29 @@ def load_vla(
         )
     get_base_vlm_spec(source)  # raises the did-you-mean ConfigError listing registry ids
     raise AssertionError("unreachable")
+
+
+def _resolve_on_meta(device: str | torch.device | None) -> bool:
+    """True for "meta"; False for None / "cpu" (weights are read into host memory; the caller moves them)."""
+    try:
+        kind = torch.device(device).type if device is not None else "cpu"
+    except RuntimeError:
+        kind = str(device)
+    if kind not in ("cpu", "meta"):
+        raise ConfigError(
+            f"Cannot load onto device {device!r}: pass None / 'cpu' (then move the model) or 'meta' (architecture "
+            "only, no weights)."
+        )
+    return kind == "meta"
+
+
+def _buffers_on_meta(vlm: PrismaticVLM) -> PrismaticVLM:
+    """Move every buffer to the meta device (parameters already are): nothing of the model holds memory."""
+    for module in vlm.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and not buffer.is_meta:
+                module._buffers[name] = buffer.to("meta")
+    return vlm
 
 
 def _looks_like_hub_id(source: str) -> bool:
@@ -172,16 +232,17 @@ def _is_run(folder: Path) -> bool:
 
 
 def _load_folder(
-    folder: Path, hf_token: str | None, dtype: torch.dtype, source: str | None = None
+    folder: Path, hf_token: str | None, dtype: torch.dtype, source: str | None = None, on_meta: bool = False
 ) -> LoadedVLA:
     source = source or str(folder)
     if _is_hf(folder):
-        return _load_hf_openvla(folder, hf_token, source, dtype)
-    if _is_run(folder):
-        return _load_prismatic_run(folder, hf_token, source, dtype)
+        return _load_hf_openvla(folder, hf_token, source, dtype, on_meta=on_meta)
+    # On meta a run folder's checkpoints are never opened, so a Hub snapshot of its config files is enough.
+    if _is_run(folder) or (on_meta and (folder / "config.json").is_file()):
+        return _load_prismatic_run(folder, hf_token, source, dtype, on_meta=on_meta)
     raise ConfigError(
         f"'{folder}' is neither an HF OpenVLA folder (config.json with model_type 'openvla') nor a Prismatic run "
-        "folder (config.json and checkpoints/latest-checkpoint.pt)."
+        "folder (config.json and checkpoints/ with step-* checkpoints or latest-checkpoint.pt)."
     )
 
 
@@ -271,33 +332,28 @@ def run_architecture(folder: Path, hf_token: str | None = None) -> VLMArchitectu
     )
 
 
-def latest_checkpoint(folder: Path) -> Path:
-    """`checkpoints/latest-checkpoint.pt`, else the highest-step `checkpoints/step-*.pt`."""
-    checkpoints = folder / "checkpoints"
-    if (checkpoints / LATEST_CHECKPOINT).is_file():
-        return checkpoints / LATEST_CHECKPOINT
-    steps = sorted(checkpoints.glob("step-*.pt"))
-    if not steps:
-        raise ConfigError(f"Run folder '{folder}' has no checkpoints/{LATEST_CHECKPOINT} and no step-*.pt.")
-    return steps[-1]
-
-
 # === Loading ======================================================================================================
 
 
-def _load_hf_openvla(folder: Path, hf_token: str | None, source: str, dtype: torch.dtype) -> LoadedVLA:
+def _load_hf_openvla(
+    folder: Path, hf_token: str | None, source: str, dtype: torch.dtype, on_meta: bool = False
+) -> LoadedVLA:
     from prismatic.models.hf_openvla import from_hf_names, hf_architecture, hf_weight_shapes, iter_hf_shards
-    from prismatic.models.materialize import build_vlm_from_architecture
+    from prismatic.models.materialize import build_vlm_from_architecture, cast_floating_parameters
 
     model_id = source if not Path(source).expanduser().is_dir() else folder.name
     arch = hf_architecture(folder, model_id)
+    raw = json.loads((folder / "config.json").read_text())
+    if on_meta:  # not even the shard headers: rank 0 checks the weights fit
+        vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
+        cast_floating_parameters(vlm, dtype)
+        return LoadedVLA(_buffers_on_meta(vlm), raw.get("norm_stats"), source)
     # Names and shapes from the shard headers: a checkpoint that does not fit fails here, before any data is read.
     hf_shapes = hf_weight_shapes(folder)
     names = from_hf_names(list(hf_shapes), arch.vision_spec)
     shapes = {names[name]: shape for name, shape in hf_shapes.items()}
     vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
     assign_weights(vlm, shapes, _renamed(iter_hf_shards(folder), names), source=str(folder), dtype=dtype)
-    raw = json.loads((folder / "config.json").read_text())
     logger.info("Loaded HF OpenVLA checkpoint %s (%s, %s)", folder, arch.spec, dtype)
     return LoadedVLA(vlm, raw.get("norm_stats"), source)
 
@@ -315,7 +371,6 @@ def _base_vision_weights(
 ) -> dict[str, torch.Tensor] | None:
     """The vision-backbone weights of the model a run started from (flat names); None: the registry's pretrained."""
     from prismatic.models.hf_openvla import from_hf_names, hf_weight_shapes, iter_hf_shards
-    from prismatic.training.checkpointing import load_checkpoint_file
 
     if base in BASE_VLMS:
         return None
@@ -334,13 +389,21 @@ def _base_vision_weights(
 
 
 def _load_prismatic_run(
-    folder: Path, hf_token: str | None, source: str, dtype: torch.dtype, checkpoint: Path | None = None
+    folder: Path,
+    hf_token: str | None,
+    source: str,
+    dtype: torch.dtype,
+    checkpoint: Path | None = None,
+    on_meta: bool = False,
 ) -> LoadedVLA:
     from prismatic.models.lora import LoraSettings, apply_lora, lora_targets_in_state_dict, merge_lora
     from prismatic.models.materialize import build_vlm_from_architecture, cast_floating_parameters
-    from prismatic.training.checkpointing import load_checkpoint_file
 
     arch = run_architecture(folder, hf_token)
+    if on_meta:  # a LoRA run's adapters are merged on load, so its architecture is the plain one
+        vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
+        cast_floating_parameters(vlm, dtype)
+        return LoadedVLA(_buffers_on_meta(vlm), _run_norm_stats(folder), source)
     path = checkpoint if checkpoint is not None else latest_checkpoint(folder)
     weights = load_checkpoint_file(path)["model"]
     for module in ("projector", "llm_backbone"):
@@ -379,15 +442,19 @@ def _load_prismatic_run(
     if lora_names:
         merge_lora(vlm)
         cast_floating_parameters(vlm, dtype)
-    norm_stats = None
-    if (folder / "dataset_statistics.json").is_file():
-        from prismatic.vla.datasets.rlds.statistics import read_statistics_file
-
-        norm_stats = read_statistics_file(
-            folder / "dataset_statistics.json", "run's dataset_statistics.json", per_dataset=True
-        )
     logger.info("Loaded Prismatic run %s from %s (%s)", arch.model_id, path, dtype)
-    return LoadedVLA(vlm, norm_stats, source)
+    return LoadedVLA(vlm, _run_norm_stats(folder), source)
+
+
+def _run_norm_stats(folder: Path) -> dict[str, Any] | None:
+    """A run folder's `dataset_statistics.json`, if it has one."""
+    if not (folder / "dataset_statistics.json").is_file():
+        return None
+    from prismatic.vla.datasets.rlds.statistics import read_statistics_file
+
+    return read_statistics_file(
+        folder / "dataset_statistics.json", "run's dataset_statistics.json", per_dataset=True
+    )
 
 
 # === Weights into a model ===========================================================================================
@@ -434,7 +501,7 @@ def _assign(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
         owner._buffers[attr] = tensor
 
 
-def _tied_aliases(module: torch.nn.Module) -> list[list[str]]:
+def tied_aliases(module: torch.nn.Module) -> list[list[str]]:
     """Groups of parameter names that are one tensor (tied embeddings), first name first."""
     groups: dict[int, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
@@ -442,7 +509,7 @@ def _tied_aliases(module: torch.nn.Module) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def _retie(module: torch.nn.Module, groups: list[list[str]]) -> None:
+def retie(module: torch.nn.Module, groups: list[list[str]]) -> None:
     """Point every alias at its group's first parameter again (assigning replaced each one separately)."""
     for first, *aliases in groups:
         param = module.get_parameter(first)
@@ -482,7 +549,7 @@ def assign_weights(
 
     expected = vlm.state_dict(keep_vars=True)
     _check_fit(expected, shapes, source=source, allow_missing_prefixes=allow_missing_prefixes)
-    tied = _tied_aliases(vlm)
+    tied = tied_aliases(vlm)
     for chunk in chunks:
         for name in list(chunk):
             # Popped, converted, assigned one tensor at a time: the chunk shrinks as the model fills.
@@ -493,7 +560,7 @@ def assign_weights(
             )
             del tensor
         del chunk
-    _retie(vlm, tied)
+    retie(vlm, tied)
     cast_floating_parameters(vlm, dtype)
     left = [name for name, t in vlm.state_dict(keep_vars=True).items() if t.device.type == "meta"]
     if left:

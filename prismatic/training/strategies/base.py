@@ -52,7 +52,8 @@ class TrainingStrategy(ABC):
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
     def wrap_model(self) -> torch.nn.Module:
-        """Apply this strategy's data parallelism to `self.vlm` (already on its device) and return the model."""
+        """Apply this strategy's data parallelism to `self.vlm` (real on rank 0, possibly on the meta device on the
+        others), put every rank's values on its device (`materialize_from_rank0`) and return the model."""
 
     @abstractmethod
     def no_sync(self) -> contextlib.AbstractContextManager:
@@ -68,10 +69,10 @@ class TrainingStrategy(ABC):
 
     # --- set-up ---------------------------------------------------------------------------------------------
     def setup(self, num_training_steps: int) -> None:
-        """Activation checkpointing, parallel wrapping, optimizer and LR schedule."""
+        """Activation checkpointing, parallel wrapping (which also fills ranks that built the model on the meta
+        device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
             apply_llm_activation_checkpointing(self.vlm)
-        self.vlm.to(self.dist.device)
         self.model = self.wrap_model()
         logger.info("Parameter memory: %s", format_param_bytes(param_bytes_by_dtype(self.model)))
         if self.grad_accumulation_steps > 1:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from prismatic.models.distributed_init import full_state_on_rank0, materialize_from_rank0
 from prismatic.models.parallelize import apply_fsdp, cast_frozen_params_to_bf16, mixed_precision_policy
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.util.errors import ConfigError
@@ -57,7 +58,10 @@ class FSDPStrategy(TrainingStrategy):
         policy = mixed_precision_policy(self.mixed_precision, self.vla.reduce_in_full_precision)
         if self.mixed_precision:
             cast_frozen_params_to_bf16(self.vlm)
-        return apply_fsdp(self.vlm, mesh, policy, reshard_after_forward=self.reshard_after_forward)
+        full_state = full_state_on_rank0(self.vlm)  # rank 0's weights, before sharding splits them
+        model = apply_fsdp(self.vlm, mesh, policy, reshard_after_forward=self.reshard_after_forward)
+        materialize_from_rank0(model, full_state, self.dist.device)
+        return model
 
     def choose_grad_sync(self) -> bool:
         """`auto`: reduce-scatter after every micro-batch when the unsharded FP32 gradients kept between

@@ -8,7 +8,12 @@ Then across datasets: weighted `sample_from_datasets` (weights balanced by size,
 shuffle buffer (train) -> skip `start_sample` frames -> decode + resize (+ augment) the images.
 
 Frames are shuffled while their images are still encoded (a buffer of JPEG bytes is ~50x smaller), and skipped
-before decoding, so resuming at frame N costs reading, not decoding, the first N frames.
+before decoding, so resuming at frame N by skipping costs reading, not decoding, the first N frames: linear in N.
+Resuming in bounded time instead restores a checkpoint of the tf.data iterator (`RLDSDataset.save_stream_state`
+/ `resume_from`): every op of the pipeline supports iterator checkpointing, which stores the readers' positions,
+the shuffle buffer (so a snapshot is about `shuffle_buffer_size` encoded frames) and the in-flight decoded frames.
+The iterator must be restored into the stream built with the `start_sample` it was saved from
+(`RLDSPipeline.from_sample`): tf.data drops a `skip(0)`, so the pipeline's shape depends on it.
 
 Determinism: every random choice is seeded from (seed, rank) and image augmentation uses stateless ops keyed by
 the frame's position in the stream, so a given (seed, rank, world_size) always yields the same frames (also
@@ -33,7 +38,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +91,8 @@ class RLDSPipeline:
         shuffle_buffer_gb: estimated host memory (GiB) of the full shuffle buffer; 0 when not training.
         dataset_dirs: the dataset folders read; iterate `dataset` inside `tfrecord_errors(dataset_dirs)` to have
             a damaged file named.
+        from_sample: `from_sample(n)` is the same stream starting at frame n (as if built with `start_sample=n`),
+            sharing everything upstream of the skip, so building it reads nothing.
     """
 
     dataset: Any
@@ -94,6 +101,7 @@ class RLDSPipeline:
     num_transitions: int
     shuffle_buffer_gb: float = 0.0
     dataset_dirs: list[Path] = field(default_factory=list)
+    from_sample: Callable[[int], Any] | None = None
 
 
 # === Locating and reading datasets ===
@@ -198,15 +206,17 @@ def tfrecord_errors(dataset_dirs: Sequence[Path]) -> Iterator[None]:
     `dataset_dirs` is checked to find it.
     """
     tf = import_tensorflow()
+    # Bound now: a generator left open is closed at interpreter exit, after `tf.errors` is torn down.
+    not_found, data_loss = tf.errors.NotFoundError, tf.errors.DataLossError
     try:
         yield
-    except tf.errors.NotFoundError as e:
+    except not_found as e:
         reason = _short_tf_message(e)
         raise ConfigError(
             f"An RLDS data file is missing: {reason}. It is listed in its dataset's dataset_info.json, so the "
             "download or conversion is incomplete: download or convert the dataset again."
         ) from e
-    except tf.errors.DataLossError as e:
+    except data_loss as e:
         bad = find_corrupt_tfrecords(dataset_dirs)
         if not bad:
             raise ConfigError(
@@ -753,8 +763,6 @@ def make_interleaved_dataset(
             shuffle_buffer_size, seed=_seed(seed, rank, _PURPOSE_SHUFFLE), reshuffle_each_iteration=False
         )
 
-    # Positions are counted before skipping, so frame i gets the same augmentation whatever `start_sample` is.
-    dataset = dataset.enumerate().skip(start_sample)
     augment = train and image_aug
     augment_seed = _seed(seed, rank, _PURPOSE_AUGMENT)
 
@@ -774,18 +782,30 @@ def make_interleaved_dataset(
             frame["observation"]["image_primary"] = decode_one(images, position)
         return frame
 
-    dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = True
     # Caps what tf.data's autotuner may spend on prefetch buffers (decoded frames are ~150 KB each at 224px).
     options.autotune.ram_budget = AUTOTUNE_RAM_BUDGET_BYTES
-    dataset = dataset.with_options(options)
+    # Iterator checkpoints (resume) refuse "stateful" ops in map functions by default. The pipeline has two, and
+    # neither keeps state between calls: `get_single_element` of an episode's steps (`_episode_to_trajectory`)
+    # and the fixed-seed generator of tfds' per-epoch file shuffle.
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    encoded = dataset
+
+    def from_sample(start: int) -> Any:
+        if start < 0:
+            raise ConfigError(f"start_sample must be >= 0, got {start}.")
+        # Positions are counted before skipping, so frame i gets the same augmentation whatever the start is.
+        stream = encoded.enumerate().skip(start)
+        stream = stream.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        return stream.with_options(options)
 
     return RLDSPipeline(
-        dataset=dataset,
+        dataset=from_sample(start_sample),
         dataset_statistics=statistics,
         sample_weights={c.name: float(w) for c, w in zip(configs, weights, strict=True)},
         num_transitions=int(sum(sizes)),
         shuffle_buffer_gb=shuffle_buffer_gb,
         dataset_dirs=[dataset_dir for _, _, dataset_dir in members],
+        from_sample=from_sample,
     )
