@@ -164,9 +164,14 @@ def test_ddp_with_gradient_accumulation_matches_fsdp(full_run: Path, toy_data_ro
             "3",
             "--save_interval",
             "100",
+            "--checkpoint.export_final",
+            "true",
         )
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    # --checkpoint.export_final: the HF OpenVLA export of the last checkpoint, beside the run's checkpoints.
+    exported = json.loads((tmp_path / "ddp" / "hf" / "config.json").read_text())
+    assert exported["model_type"] == "openvla" and set(exported["norm_stats"]) == {"toy_pick_place", "toy_push"}
     ddp, fsdp = read_metrics(tmp_path / "ddp"), read_metrics(full_run)
     assert [r["step"] for r in ddp] == [1, 2, 3]
     # lr differs (3-step vs 6-step cosine), so only step 1 is comparable exactly; later steps stay close.
@@ -259,8 +264,14 @@ def test_fsdp_bf16_with_gradient_accumulation(strategy: str, toy_data_root: Path
     args = tiny_args(toy_data_root, tmp_path, "accum", "--vla.global_batch_size", "32")
     args += ["--vla.max_steps", "2", "--vla.train_strategy", strategy]
     args += ["--vla.enable_mixed_precision_training", "true", "--trackers", "jsonl"]
+    # ZeRO-2 with gradients reduce-scattered after every micro-batch (what --grad_sync auto picks when the
+    # unsharded gradients would not fit); full-shard with --grad_sync auto (they fit here: once per step).
+    grad_sync = "micro-batch" if strategy == "fsdp-shard-grad-op" else "auto"
+    args += ["--grad_sync", grad_sync]
     proc = run_train(args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    expected = "after every micro-batch" if grad_sync == "micro-batch" else "once per step"
+    assert f"Gradient accumulation over 2 micro-batches: gradients reduced {expected}" in proc.stderr
     records = read_metrics(tmp_path / "accum")
     assert [r["step"] for r in records] == [1, 2] and all(r["loss"] == r["loss"] for r in records)
     vision = load_checkpoint_file(checkpoints(tmp_path / "accum")[2])["model"]["vision_backbone"]
@@ -355,6 +366,33 @@ def test_export_hf_then_fine_tune_from_it(full_run: Path, toy_data_root: Path, t
     for module, sd in ckpt["model"].items():
         for key, value in sd.items():
             assert torch.equal(exported[f"{module}.{key}"], value), key
+
+    # The model-only export: one safetensors file that loads as the same model, with the run's statistics.
+    st_dir = tmp_path / "st"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "vla_scripts" / "export_hf.py"),
+            "--checkpoint",
+            str(checkpoints(full_run)[STEPS]),
+        ]
+        + ["--out_dir", str(st_dir), "--format", "safetensors", "--dtype", "float32"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in st_dir.rglob("*") if p.is_file()) == [
+        "config.json",
+        "dataset_statistics.json",
+        "model.safetensors",
+    ]
+    loaded = load_vla(st_dir)
+    assert loaded.norm_stats == stats
+    for name, value in loaded.vlm.state_dict().items():
+        module, _, key = name.partition(".")
+        assert torch.equal(value, ckpt["model"][module][key]), name
 
     # Run folders as base VLMs go through the same loader (tests/models/test_checkpoint_io.py covers them).
     for base in (hf_dir,):

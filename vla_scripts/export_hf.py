@@ -1,5 +1,6 @@
 r"""Export a trained run (or any loadable VLA) to the Hugging Face OpenVLA layout, so evaluation code that loads
-`openvla/openvla-7b` (LIBERO, real-robot servers) loads it unchanged.
+`openvla/openvla-7b` (LIBERO, real-robot servers) loads it unchanged; or, with `--format safetensors`, to one
+consolidated model-only file (`<out_dir>/checkpoints/model.safetensors` + `config.json`) that this tool loads.
 
     python vla_scripts/export_hf.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01 \
         --out_dir hf/<run_id> [--dtype bfloat16] [--hf_code_dir /path/to/openvla/prismatic/extern/hf]
@@ -26,6 +27,7 @@ logger = logging.getLogger("vla_scripts.export_hf")
 
 
 DTYPES = ("bfloat16", "float32", "float16")
+FORMATS = ("hf", "safetensors")
 
 
 @dataclass
@@ -35,7 +37,8 @@ class ExportConfig:
     checkpoint: (
         Path  # a run's checkpoints/step-* folder (or older .pt), a run folder, or an HF OpenVLA folder
     )
-    out_dir: Path  # the HF OpenVLA folder to write
+    out_dir: Path  # the folder to write
+    format: str = "hf"  # hf: the HF OpenVLA layout; safetensors: config.json + checkpoints/model.safetensors
     dataset_statistics: Path | None = None  # norm_stats JSON; default: the run's dataset_statistics.json
     dtype: str = "bfloat16"  # bfloat16 (OpenVLA's release dtype), float32 or float16
     max_shard_size: str = "5GB"  # largest safetensors shard, e.g. 5GB, 500MB or a number of bytes
@@ -48,6 +51,8 @@ class ExportConfig:
             raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
         if self.dataset_statistics is not None and not self.dataset_statistics.is_file():
             raise ConfigError(f"--dataset_statistics '{self.dataset_statistics}' is not a file.")
+        if self.format not in FORMATS:
+            raise ConfigError(f"Unknown --format '{self.format}'. Valid choices: {', '.join(FORMATS)}.")
         if self.dtype not in DTYPES:
             raise ConfigError(f"Unknown --dtype '{self.dtype}'. Valid choices: {', '.join(DTYPES)}.")
         if not re.fullmatch(r"\d+|\d+(\.\d+)?\s*[KMGT]B", self.max_shard_size.strip(), flags=re.IGNORECASE):
@@ -81,6 +86,8 @@ def export(cfg: ExportConfig) -> Path:
         logger.warning(
             "No dataset statistics found: config.json gets norm_stats=null (actions can't be un-normalised)."
         )
+    if cfg.format == "safetensors":
+        return write_model_folder(loaded.vlm, norm_stats, cfg.out_dir)
     max_shard: str | int = int(cfg.max_shard_size) if cfg.max_shard_size.isdigit() else cfg.max_shard_size
     return export_hf_openvla(
         loaded.vlm,
@@ -91,6 +98,32 @@ def export(cfg: ExportConfig) -> Path:
         max_shard_size=max_shard,
         hf_code_dir=cfg.hf_code_dir,
     )
+
+
+def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
+    """The consolidated model alone, in this tool's parameter names: `config.json` (architecture),
+    `dataset_statistics.json` and `checkpoints/model.safetensors`. `load_vla` / `load_policy` read it, and
+    `--vla.base_vlm <folder>` fine-tunes from it. Each file is written atomically."""
+    from safetensors.torch import save
+
+    from prismatic.models.loading import model_config
+    from prismatic.util.files import atomic_write, write_json_atomic
+
+    weights, seen = {}, set()
+    for (
+        name,
+        tensor,
+    ) in vlm.state_dict().items():  # safetensors refuses shared storage (tied embeddings): copy
+        tensor = tensor.detach().cpu().contiguous()
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        weights[name] = tensor.clone() if key in seen else tensor
+        seen.add(key)
+    with atomic_write(out_dir / "checkpoints" / "model.safetensors", "model weights") as f:
+        f.write(save(weights, metadata={"format": "pt"}))
+    write_json_atomic(out_dir / "config.json", model_config(vlm), "model config")
+    if norm_stats is not None:
+        write_json_atomic(out_dir / "dataset_statistics.json", norm_stats, "dataset statistics")
+    return out_dir
 
 
 @entry_point

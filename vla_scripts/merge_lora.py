@@ -48,22 +48,13 @@ def merge(cfg: MergeConfig) -> Path:
     """Load the checkpoint (adapters merged on load) and write the plain run folder. Returns `cfg.out_dir`."""
     from prismatic.models.checkpoint_format import run_folder_of
     from prismatic.models.hf_openvla import export_hf_openvla
-    from prismatic.models.loading import LATEST_CHECKPOINT, load_vla, spec_of
+    from prismatic.models.loading import LATEST_CHECKPOINT, load_vla, model_config, spec_of
     from prismatic.training.checkpointing import atomic_torch_save, group_by_module
 
     run_dir = run_folder_of(cfg.checkpoint)
     loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token)
     spec = spec_of(loaded.vlm)
-    config = {
-        "model": {
-            "model_id": loaded.vlm.model_id,
-            "vision_backbone_id": spec.vision_backbone_id,
-            "llm_backbone_id": spec.llm_backbone_id,
-            "arch_specifier": spec.arch_specifier,
-            "image_resize_strategy": spec.image_resize_strategy,
-            "llm_max_length": loaded.vlm.llm_backbone.tokenizer.model_max_length,
-        }
-    }
+    config = model_config(loaded.vlm)
     if (run_dir / "config.json").is_file():
         vla = json.loads((run_dir / "config.json").read_text()).get("vla")
         if vla is not None:

@@ -1,7 +1,8 @@
 """Models: the base-VLM registry and `build_vlm`, which composes vision backbone + projector + LLM.
 
     build_vlm(base_vlm_id: str, hf_token: str | None = None) -> PrismaticVLM
-    load(id_or_path, hf_token=None, dtype=None) -> PrismaticVLM   # registry id, run folder, HF OpenVLA folder, Hub
+    load(id_or_path, hf_token=None, dtype=None, device=None) -> PrismaticVLM   # registry id, run folder or checkpoint,
+                                                          # HF OpenVLA folder, Hub; device="meta": no weights read
     load_vla(id_or_path, hf_token=None, dtype=None) -> LoadedVLA  # ... plus the action statistics (norm_stats)
     PrismaticVLM.forward(input_ids, attention_mask, pixel_values, labels=None) -> CausalLMOutputWithPast
     PrismaticVLM.freeze_backbones(stage)  # one of VLA_STAGES

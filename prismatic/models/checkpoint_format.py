@@ -12,6 +12,8 @@ Two formats are read:
 
   It becomes visible only once complete: it is written as `.tmp-step-...` and renamed; `checkpoints/latest` (a
   text file holding the folder's name) is replaced atomically after the rename.
+- **Model only**: `checkpoints/model.safetensors` of a folder `export_hf.py --format safetensors` wrote (with
+  `config.json` and `dataset_statistics.json` beside `checkpoints/`): the consolidated weights, nothing to resume.
 - **Single file (format 1, older runs)**: `checkpoints/step-000040-epoch-01-loss=1.2345.pt`, one `torch.save`
   dict `{"model": {"vision_backbone": {...}, "projector": {...}, "llm_backbone": {...}}, "optimizer",
   "lr_scheduler", "train_state"}`; Prismatic's `latest-checkpoint.pt` has the same `model` layout.
@@ -44,6 +46,7 @@ MODULE_KEYS = ("vision_backbone", "projector", "llm_backbone")
 CHECKPOINTS_DIR = "checkpoints"
 LATEST_POINTER = "latest"  # text file in checkpoints/: the name of the newest complete checkpoint folder
 LEGACY_LATEST = "latest-checkpoint.pt"  # Prismatic's name
+MODEL_SAFETENSORS = "model.safetensors"  # a model-only export (`export_hf.py --format safetensors`)
 TMP_PREFIX = ".tmp-"  # a checkpoint being written; removed at start-up if a crash left it
 TRAIN_STATE_FILE = "train_state.json"
 DCP_METADATA = ".metadata"
@@ -181,6 +184,14 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
             "model": group_by_module(read_sharded_model_weights(path)),
             "train_state": read_train_state(path),
         }
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return {"model": group_by_module(load_file(path))}
+        except (SafetensorError, OSError) as e:
+            raise _not_ours(path, f"its safetensors cannot be read: {e}") from e
     size = path.stat().st_size
     if size == 0:
         raise _not_ours(path, "the file is empty (0 bytes)")
@@ -210,8 +221,9 @@ def latest_checkpoint(folder: Path) -> Path:
     sharded = newest_checkpoint(checkpoints)
     if sharded is not None:
         return sharded
-    if (checkpoints / LEGACY_LATEST).is_file():
-        return checkpoints / LEGACY_LATEST
+    for name in (MODEL_SAFETENSORS, LEGACY_LATEST):
+        if (checkpoints / name).is_file():
+            return checkpoints / name
     files = sorted(checkpoints.glob("step-*.pt"))
     if not files:
         raise ConfigError(

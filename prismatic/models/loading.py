@@ -575,3 +575,19 @@ def spec_of(vlm: PrismaticVLM) -> BaseVLMSpec:
         vlm.arch_specifier,
         vlm.vision_backbone.image_resize_strategy,
     )
+
+
+def model_config(vlm: PrismaticVLM) -> dict[str, Any]:
+    """The `{"model": {...}}` block a model folder's config.json records (Prismatic's keys; `run_architecture`
+    reads it back)."""
+    spec = spec_of(vlm)
+    return {
+        "model": {
+            "model_id": vlm.model_id,
+            "vision_backbone_id": spec.vision_backbone_id,
+            "llm_backbone_id": spec.llm_backbone_id,
+            "arch_specifier": spec.arch_specifier,
+            "image_resize_strategy": spec.image_resize_strategy,
+            "llm_max_length": vlm.llm_backbone.tokenizer.model_max_length,
+        }
+    }
