@@ -9,6 +9,7 @@ here. The flag grammar itself is unit-tested in `tests/util/test_cli.py`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -205,7 +206,35 @@ CASES = [
         "resume-without-checkpoint",
         "train",
         (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--resume_step", "5"),
-        ("without --pretrained_checkpoint",),
+        ("without --pretrained_checkpoint or --resume",),
+    ),
+    Case(
+        "resume-nothing-saved-yet",
+        "train",
+        (
+            *ONE_PROCESS,
+            "--data_root_dir",
+            "{tmp}/empty",
+            "--run_root_dir",
+            "{tmp}/runs",
+            "--run_id",
+            "new",
+            "--resume",
+        ),
+        ("--resume found no complete checkpoint of run", "without --resume"),
+    ),
+    Case(
+        "new-run-over-checkpoints",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--run_root_dir", "{tmp}/runs", "--run_id", "done"),
+        ("already holds a run with checkpoints", "plus --resume"),
+    ),
+    Case(
+        "resume-another-seed",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--run_root_dir", "{tmp}/runs", "--run_id", "done")
+        + ("--resume", "--seed", "8"),
+        ("Refusing to resume", "--seed 8 (the checkpoint's run used 7)"),
     ),
     Case(
         "checkpoint-missing",
@@ -224,7 +253,7 @@ CASES = [
         "export-missing-required",
         "export_hf",
         (),
-        ("Missing required flags: --checkpoint", "--out_dir (the HF OpenVLA folder to write)"),
+        ("Missing required flags: --checkpoint", "--out_dir (the folder to write)"),
     ),
     Case(
         "export-checkpoint-missing",
@@ -399,6 +428,14 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "unknown_field.yaml").write_text("vla:\n  type: tiny+mx-toy\n  learning_rat: 0.001\n")
     (tmp / "vla_scalar.yaml").write_text("vla: tiny+mx-toy\n")
     (tmp / "unknown_preset.yaml").write_text("vla:\n  type: tiny+mx-tyo\n")
+    # A run with one (stand-in) complete checkpoint: DCP's metadata file and the train state.
+    checkpoint = tmp / "runs" / "done" / "checkpoints" / "step-000002-epoch-00"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / ".metadata").write_bytes(b"")
+    identity = {"vla_id": "tiny+mx-toy", "seed": 7, "data_mix": "toy", "base_vlm": "tiny-vit+tiny-llama"}
+    (checkpoint / "train_state.json").write_text(
+        json.dumps({"step": 2, "epoch": 0, "frames": 16, **identity})
+    )
     return tmp
 
 

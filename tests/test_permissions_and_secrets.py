@@ -106,8 +106,10 @@ def test_run_folder_and_logs_hold_no_token(secret_run: tuple[Path, str]) -> None
 
 def test_files_the_tool_writes_are_group_readable(secret_run: tuple[Path, str], toy_data_root: Path) -> None:
     run_dir, _ = secret_run
-    written = [run_dir / name for name in WRITTEN_BY_THE_TOOL] + sorted(run_dir.glob("checkpoints/*.pt"))
-    assert len(written) == len(WRITTEN_BY_THE_TOOL) + 1
+    checkpoint_files = sorted(p for p in run_dir.glob("checkpoints/**/*") if p.is_file())
+    # Per checkpoint: DCP's .metadata and one shard file per rank, train_state.json, each rank's data snapshot.
+    assert {p.name for p in checkpoint_files} >= {"latest", ".metadata", "__0_0.distcp", "train_state.json"}
+    written = [run_dir / name for name in WRITTEN_BY_THE_TOOL] + checkpoint_files
     for path in written:
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, f"{path}: {oct(path.stat().st_mode)}"
     caches = sorted(toy_data_root.glob("*/*/dataset_statistics_*.json"))
@@ -116,10 +118,9 @@ def test_files_the_tool_writes_are_group_readable(secret_run: tuple[Path, str], 
 
 def test_resume_with_another_seed_is_refused(secret_run: tuple[Path, str], toy_data_root: Path) -> None:
     run_dir, _ = secret_run
-    (checkpoint,) = run_dir.glob("checkpoints/step-000002-*.pt")
-    epoch = checkpoint.name.split("-")[3]
-    args = _tiny(toy_data_root, run_dir.parent, "--pretrained_checkpoint", str(checkpoint))
-    proc = _train([*args, "--resume_step", "2", "--resume_epoch", epoch, "--seed", "8"], run_dir.parent)
+    (checkpoint,) = run_dir.glob("checkpoints/step-000002-*")
+    args = _tiny(toy_data_root, run_dir.parent, "--resume", str(checkpoint))
+    proc = _train([*args, "--seed", "8"], run_dir.parent)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Refusing to resume" in proc.stderr and "--seed 8 (the checkpoint's run used 7)" in proc.stderr
     assert "--allow_config_change true" in proc.stderr and "Traceback" not in proc.stderr

@@ -103,7 +103,7 @@ def test_trained_run_folder_is_a_policy(full_run: Path):
     policy = load_policy(full_run)
     stats = json.loads((full_run / "dataset_statistics.json").read_text())
     assert policy.unnorm_keys == ["toy_pick_place", "toy_push"] and policy.norm_stats == stats
-    newest = torch.load(checkpoints(full_run)[6], map_location="cpu", weights_only=True)["model"]
+    newest = load_checkpoint_file(checkpoints(full_run)[6])["model"]
     assert torch.equal(
         policy.vlm.projector.state_dict()["projector.0.weight"], newest["projector"]["projector.0.weight"]
     )
@@ -171,7 +171,10 @@ def test_ddp_with_gradient_accumulation_matches_fsdp(full_run: Path, toy_data_ro
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     # --checkpoint.export_final: the HF OpenVLA export of the last checkpoint, beside the run's checkpoints.
     exported = json.loads((tmp_path / "ddp" / "hf" / "config.json").read_text())
-    assert exported["model_type"] == "openvla" and set(exported["norm_stats"]) == {"toy_pick_place", "toy_push"}
+    assert exported["model_type"] == "openvla" and set(exported["norm_stats"]) == {
+        "toy_pick_place",
+        "toy_push",
+    }
     ddp, fsdp = read_metrics(tmp_path / "ddp"), read_metrics(full_run)
     assert [r["step"] for r in ddp] == [1, 2, 3]
     # lr differs (3-step vs 6-step cosine), so only step 1 is comparable exactly; later steps stay close.

@@ -1,8 +1,8 @@
 r"""Fine-tune a VLA: base VLM + RLDS mixture -> policy, with FSDP2 or DDP, sharded checkpoints and exact resume.
 
 Run (tiny preset, 2 CPU processes, toy data):
-    torchrun --standalone --nnodes 1 --nproc-per-node 2 vla_scripts/train.py \
-        --vla.type tiny+mx-toy --data_root_dir data/toy --run_root_dir runs --run_id demo
+    torchrun --standalone --nproc-per-node 2 vla_scripts/train.py --vla.type tiny+mx-toy \
+        --data_root_dir data/toy --run_root_dir runs --run_id demo
 
 Continue it (after a crash, a preemption or Ctrl-C) from its newest complete checkpoint: the same command plus
     --resume                       (or --resume runs/demo/checkpoints/step-000040-epoch-01 for that one)
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prismatic.conf.train import TrainConfig
+from prismatic.conf.train import ResumePoint, TrainConfig
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import check_dir_writable, make_dirs, write_text_atomic
@@ -64,14 +64,21 @@ def write_run_config(cfg: TrainConfig, run_dir: Path, resumed_at: str | None = N
     write_text_atomic(run_dir / f"{stem}.yaml", yaml.safe_dump(resolved, sort_keys=False), "run config")
 
 
-def prepare_new_run_folder(run_dir: Path) -> None:
-    """A new run may not write over one that has checkpoints; logs of an attempt that crashed before its first
-    checkpoint are moved aside (named in a warning), so re-running the same command just works. Rank 0 only."""
-    from datetime import datetime, timezone
-
+def check_run_folder(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
+    """What this command continues, checked before anything loads (read-only, every rank): the checkpoint to
+    resume (refused when it is another experiment), or None for a new run (refused over a run with checkpoints)."""
     from prismatic.models.checkpoint_format import CHECKPOINTS_DIR, complete_checkpoints
-    from prismatic.training.trackers import METRICS_FILE, WANDB_ID_FILE
+    from prismatic.training.checkpointing import check_resume_compatible, read_resume_state
 
+    resume = cfg.resume_point(run_dir)
+    if resume is not None:
+        check_resume_compatible(
+            read_resume_state(resume.path),
+            run_identity(cfg),
+            path=resume.path,
+            allow_config_change=cfg.allow_config_change,
+        )
+        return resume
     checkpoints = run_dir / CHECKPOINTS_DIR
     found = complete_checkpoints(checkpoints) or sorted(checkpoints.glob("step-*.pt"))
     if found:
@@ -79,6 +86,16 @@ def prepare_new_run_folder(run_dir: Path) -> None:
             f"Run folder '{run_dir}' already holds a run with checkpoints (newest: '{found[-1]}'). Continue it with "
             "the same command plus --resume, or start a new run with another --run_id or --run_id_note."
         )
+    return None
+
+
+def move_aside_logs_without_checkpoint(run_dir: Path) -> None:
+    """Logs of an attempt that crashed before its first checkpoint are moved aside (named in a warning), so
+    re-running the same command just works. Rank 0 only."""
+    from datetime import datetime, timezone
+
+    from prismatic.training.trackers import METRICS_FILE, WANDB_ID_FILE
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     for name in (METRICS_FILE, WANDB_ID_FILE):
         if (run_dir / name).exists():
@@ -114,7 +131,6 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     from prismatic.models.distributed_init import load_on_rank0
     from prismatic.training.checkpointing import (
         CheckpointManager,
-        check_resume_compatible,
         load_full_model_weights,
         read_resume_state,
         restore_from_file,
@@ -143,9 +159,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     run_dir = cfg.resolve_run_dir(dist_info.num_nodes)
     run_id = run_dir.name
     check_dir_writable(run_dir, "run folder (--run_root_dir / --run_id)")  # now, not after minutes of loading
-    resume = cfg.resume_point(run_dir)
+    resume = check_run_folder(cfg, run_dir)
     if resume is None and dist_info.is_main:
-        prepare_new_run_folder(run_dir)
+        move_aside_logs_without_checkpoint(run_dir)
     dist.barrier()
     logger.info(
         "Run %s -> %s (world size %d, stage %s)", run_id, run_dir, dist_info.world_size, cfg.vla.stage
@@ -160,9 +176,6 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     frames, saved = 0, {}
     if resume is not None:
         saved = read_resume_state(resume.path)
-        check_resume_compatible(
-            saved, run_identity(cfg), path=resume.path, allow_config_change=cfg.allow_config_change
-        )
         saved_world = int(saved.get("world_size", dist_info.world_size))
         # Older single-file checkpoints counted samples per rank.
         frames = int(saved.get("frames", int(saved.get("samples_per_rank", 0)) * saved_world))
@@ -443,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown mixture or a dataset missing from data_root_dir is named before the model loads (minutes for 7B).
     """
     cfg = parse_config(TrainConfig, argv, doc=__doc__)
-    cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg.validate(world_size)
+    num_nodes = max(1, world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+    check_run_folder(cfg, cfg.resolve_run_dir(num_nodes))
     from prismatic.vla.datasets.rlds import resolve_mixture_dirs
 
     resolve_mixture_dirs(cfg.data_root_dir, cfg.vla.data_mix)
