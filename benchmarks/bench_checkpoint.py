@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memory import reset_peak, status_bytes
+
 if TYPE_CHECKING:
     import torch
 
@@ -56,31 +58,15 @@ BIG_LLM = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 
 # === Memory readings ==============================================================================================
 
 
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS where the kernel allows it (else it keeps the set-up peak: see the notes)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def _measure(fn: Callable[[], Any]) -> dict[str, float]:
     """Run `fn` on every rank at once (barrier first); its seconds and this rank's VmHWM during it."""
     import torch.distributed as dist
 
     dist.barrier()
-    _reset_peak()
+    reset_peak()
     start = time.perf_counter()
     fn()
-    return {"seconds": time.perf_counter() - start, "peak": _status_bytes("VmHWM")}
+    return {"seconds": time.perf_counter() - start, "peak": status_bytes("VmHWM")}
 
 
 # === The model, as training sets it up ===========================================================================
@@ -279,7 +265,7 @@ def _save_phase(
             if last is not None:
                 _drop(last, rank)
             last = blocking.last_saved
-        rss_after_saves = _status_bytes("VmRSS")
+        rss_after_saves = status_bytes("VmRSS")
         for step in range(1, repeats + 1):
             stalled: list[float] = []
 
@@ -304,7 +290,7 @@ def _save_phase(
             if last is not None:
                 _drop(last, rank)
             last = path
-        rss_after_saves = _status_bytes("VmRSS")
+        rss_after_saves = status_bytes("VmRSS")
         files = {last.name: last.stat().st_size}
     return {
         "save": saves,
@@ -364,8 +350,8 @@ def worker(phase: str, method: str, size: str, repeats: int, work_dir: Path, out
     result: dict[str, Any] = {
         "rank": rank,
         "state": _state_bytes(model, optimizer),
-        "floor": _status_bytes("VmRSS"),
-        "peak_reset": _reset_peak(),
+        "floor": status_bytes("VmRSS"),
+        "peak_reset": reset_peak(),
     }
     args = (method, rank, model, optimizer, lr_scheduler, counters, repeats)
     if phase == "save":

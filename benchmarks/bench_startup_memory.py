@@ -30,27 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from memory import reset_peak, status_bytes
+
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
 BENCH_ID = "bench-vit+llama"
 STAGE = "vla-full-train"
 TARGET = 0.6
-
-
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS where the kernel allows it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def _register(hidden: int, layers: int) -> None:
@@ -96,8 +82,8 @@ def _worker(mode: str, hidden: int, layers: int, out_dir: Path) -> None:
     _register(hidden, layers)
     load("tiny-vit+tiny-llama").freeze_backbones(STAGE)  # imports and one-time set-up belong to the floor
     dist.barrier()
-    reset = _reset_peak()
-    floor = _status_bytes("VmRSS")
+    reset = reset_peak()
+    floor = status_bytes("VmRSS")
 
     times = [time.perf_counter()]
     torch.manual_seed(0)
@@ -113,7 +99,7 @@ def _worker(mode: str, hidden: int, layers: int, out_dir: Path) -> None:
         materialize_from_rank0(model, full, "cpu")
         del full
     times.append(time.perf_counter())
-    peak = _status_bytes("VmHWM")
+    peak = status_bytes("VmHWM")
     # Same seed, same shards whichever path built them: a checksum of this rank's shards.
     with torch.no_grad():
         local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]  # ignored: whole
@@ -123,7 +109,7 @@ def _worker(mode: str, hidden: int, layers: int, out_dir: Path) -> None:
         "rank": rank,
         "floor": floor,
         "peak": peak,
-        "rss_end": _status_bytes("VmRSS"),
+        "rss_end": status_bytes("VmRSS"),
         "model_bytes": model_bytes,
         "num_params": num_params,
         "seconds": [b - a for a, b in zip(times, times[1:], strict=False)],
