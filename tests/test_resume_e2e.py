@@ -1,4 +1,4 @@
-"""Interrupted runs under torchrun on CPU: SIGTERM, kill -9 in the middle of saves, another world size, two
+"""Interrupted runs under torchrun on CPU: kill -9 in the middle of saves, SIGTERM, another world size, two
 "nodes" on one machine, and resumes that must be refused.
 
 The reference is an uninterrupted run of the same command (`full_run` of tests/test_train_e2e.py, 6 steps of 8
@@ -7,6 +7,7 @@ frames on 2 processes); a resumed run must reproduce its training curve bit for 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -17,12 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from train_runs import (
     REPO,
     STEPS,
     TRAIN,
     assert_same_training_curve,
     checkpoints,
+    consolidated,
     free_port,
     run_train,
     tiny_args,
@@ -65,20 +68,66 @@ def wait_for(condition, proc: subprocess.Popen, log: Path, timeout: float = 300.
         time.sleep(0.05)
 
 
+def kill_9_all(launcher: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers at once. torchrun starts each worker in a session of its own, so killing
+    its process group alone would leave them running (until the launcher watchdog ends them a second later)."""
+    workers = [
+        int(stat.name)
+        for stat in Path("/proc").iterdir()
+        if stat.name.isdigit() and (stat / "stat").exists() and _parent_pid(stat / "stat") == launcher.pid
+    ]
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os.killpg(launcher.pid, signal.SIGKILL)
+
+
+def _parent_pid(stat_file: Path) -> int | None:
+    try:
+        return int(stat_file.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def steps_logged(run_dir: Path) -> int:
     metrics = run_dir / "metrics.jsonl"
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(
+def test_kill_9_mid_save_then_sigterm_then_resume_reproduce_the_uninterrupted_run(
     full_run: Path, toy_data_root: Path, tmp_path: Path
 ):
-    run_dir = tmp_path / "pre"
-    args = tiny_args(toy_data_root, tmp_path, "pre", "--save_interval", "100")  # only the preemption saves
-    log = tmp_path / "first.log"
+    """One run, interrupted twice: kill -9 of the whole process group while it saves after every step, then (resumed)
+    SIGTERM, then resumed to the end. The result must be the uninterrupted run's, bit for bit: every training and
+    validation metric, the final weights and optimizer moments."""
+    run_dir, ckpts = tmp_path / "interrupted", tmp_path / "interrupted" / "checkpoints"
+    args = tiny_args(
+        toy_data_root, tmp_path, "interrupted", "--save_interval", "1", "--checkpoint.keep_last", "2"
+    )
+    args += ["--eval.interval", "3", "--eval.num_batches", "1"]
+
+    # 1. kill -9 at a random moment once the first checkpoint exists: with a save after every step it very likely
+    # lands inside one. The newest complete checkpoint must load; the half-written one is cleaned up later.
+    log = tmp_path / "killed.log"
     proc = start_train(args, log)
-    wait_for(lambda: steps_logged(run_dir) >= 2, proc, log)
-    os.killpg(proc.pid, signal.SIGTERM)  # what a cluster does: the launcher and its workers get it
+    wait_for(lambda: len(complete_checkpoints(ckpts)) >= 1, proc, log)
+    time.sleep(random.Random(0).uniform(0.0, 0.3))
+    assert proc.poll() is None, "the run finished before it could be killed"
+    kill_9_all(proc)
+    proc.wait(timeout=60)
+    killed_at = load_checkpoint_file(newest_checkpoint(ckpts))["train_state"]["step"]
+    assert 1 <= killed_at <= 3, killed_at
+    original_config = (run_dir / "config.yaml").read_text()
+
+    # 2. Resumed, then SIGTERM (what a cluster sends; the launcher and its workers get it): every rank finishes its
+    # step, saves and exits.
+    log = tmp_path / "preempted.log"
+    proc = start_train([*args, "--resume"], log)
+    # The signal arrives as the loop starts (its first line logged): the run stops after the step it is in.
+    wait_for(
+        lambda: f"Training steps {killed_at + 1} to {STEPS}" in log.read_text(errors="replace"), proc, log
+    )
+    os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=300)
     text = log.read_text()
     assert "Stopped by SIGTERM after step" in text, text[-4000:]
@@ -86,42 +135,31 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(
     assert "prismatic/" not in text.split("Stopped by SIGTERM")[-1] and "ChildFailedError" not in text, text[
         -4000:
     ]
-    saved = newest_checkpoint(run_dir / "checkpoints")
-    stopped_at = load_checkpoint_file(saved)["train_state"]["step"]
-    assert 2 <= stopped_at < STEPS and steps_logged(run_dir) == stopped_at
+    stopped_at = load_checkpoint_file(newest_checkpoint(ckpts))["train_state"]["step"]
+    assert killed_at < stopped_at < STEPS and steps_logged(run_dir) == stopped_at
 
+    # 3. Resumed to the end.
     proc = run_train([*args, "--resume"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert_same_training_curve(read_metrics(full_run), read_metrics(run_dir))
+    assert "restored at frame" in proc.stderr and "(snapshot)" in proc.stderr
+    full, again = read_metrics(full_run), read_metrics(run_dir)
+    assert_same_training_curve(full, again)
+    assert [r.get("val/loss") for r in again] == [r.get("val/loss") for r in full]
+    end_full = consolidated(checkpoints(full_run)[STEPS], tmp_path)
+    end_again = consolidated(checkpoints(run_dir)[STEPS], tmp_path)
+    for name, moments in end_full["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(end_again["optimizer"]["state"][name][key], moments[key]), name
+    for key, value in end_full["model"].items():
+        assert torch.equal(end_again["model"][key], value), key
+    assert end_again["lr_scheduler"]["last_epoch"] == STEPS
 
-
-def test_kill_9_during_saves_keeps_a_complete_checkpoint_that_resumes(
-    full_run: Path,
-    toy_data_root: Path,
-    tmp_path: Path,
-):
-    run_dir = tmp_path / "killed"
-    # A save after every step: a kill at a random moment very likely lands inside one.
-    args = tiny_args(toy_data_root, tmp_path, "killed", "--save_interval", "1", "--checkpoint.keep_last", "2")
-    log = tmp_path / "first.log"
-    proc = start_train(args, log)
-    ckpts = run_dir / "checkpoints"
-    wait_for(lambda: len(complete_checkpoints(ckpts)) >= 1, proc, log)
-    time.sleep(random.Random(0).uniform(0.0, 0.5))
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-
-    newest = newest_checkpoint(ckpts)
-    step = load_checkpoint_file(newest)["train_state"]["step"]
-    assert 1 <= step < STEPS
-
-    proc = run_train([*args, "--resume"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert_same_training_curve(read_metrics(full_run), read_metrics(run_dir))
-    # keep_last 2: only the two newest remain, and no half-written folder is left behind.
+    # keep_last 2: only the two newest remain and no half-written folder is left; the original config is kept and
+    # each resume wrote its own.
     assert [p.name for p in complete_checkpoints(ckpts)] == ["step-000005-epoch-00", "step-000006-epoch-00"]
     assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+    assert (run_dir / "config.yaml").read_text() == original_config
+    assert len(list(run_dir.glob("config.resume-step-*.yaml"))) == 2
 
 
 def test_resume_on_one_process_continues_at_the_same_frame(

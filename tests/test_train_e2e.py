@@ -2,8 +2,8 @@
 
 The resumed run must reproduce the uninterrupted run exactly: the same per-step losses and learning rates after
 the resume point (`==`), and the same final weights and optimizer moments. That can only hold if the model,
-optimizer, LR schedule and data position were all restored. Interruptions (SIGTERM, kill -9 mid-save), another
-world size and two "nodes" on one machine: tests/test_resume_e2e.py.
+optimizer, LR schedule and data position were all restored: tests/test_resume_e2e.py resumes after kill -9 mid-save
+and after SIGTERM, on another world size and on two "nodes" on one machine; the LoRA test below resumes too.
 """
 
 from __future__ import annotations
@@ -115,38 +115,6 @@ def test_trained_run_folder_is_a_policy(full_run: Path):
         assert (
             action.shape == (7,) and (action[mask] >= low[mask]).all() and (action[mask] <= high[mask]).all()
         )
-
-
-def test_resume_continues_exactly_like_an_uninterrupted_run(
-    full_run: Path, toy_data_root: Path, tmp_path: Path
-):
-    # A copy of the run as it stood after step 3 (later checkpoint removed, logs kept: they must be cut back).
-    resumed = tmp_path / "resumed"
-    shutil.copytree(full_run, resumed)
-    shutil.rmtree(checkpoints(resumed)[STEPS])
-    args = tiny_args(toy_data_root, tmp_path, "resumed", "--resume", "--eval.interval", "3")
-    args += ["--eval.num_batches", "1"]
-    proc = run_train(args)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "restored at frame 24 (snapshot)" in proc.stderr, proc.stderr[-3000:]
-
-    full, again = read_metrics(full_run), read_metrics(resumed)
-    assert [r["step"] for r in again] == list(range(1, STEPS + 1))  # log continued, not restarted
-    assert_same_training_curve(full, again)
-    assert again[-1]["val/loss"] == full[-1]["val/loss"]
-    # The original config is kept; the resume wrote its own.
-    assert (resumed / "config.yaml").read_text() == (full_run / "config.yaml").read_text()
-    assert (resumed / "config.resume-step-000003-epoch-00.yaml").is_file()
-
-    end_full = consolidated(checkpoints(full_run)[STEPS], tmp_path)
-    end_again = consolidated(checkpoints(resumed)[STEPS], tmp_path)
-    for name, moments in end_full["optimizer"]["state"].items():
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(end_again["optimizer"]["state"][name][key], moments[key]), name
-    for key, value in end_full["model"].items():
-        assert torch.equal(end_again["model"][key], value), key
-    assert end_again["lr_scheduler"]["last_epoch"] == STEPS
-    assert (resumed / "wandb_run_id.txt").read_text() == (full_run / "wandb_run_id.txt").read_text()
 
 
 def test_ddp_with_gradient_accumulation_matches_fsdp(full_run: Path, toy_data_root: Path, tmp_path: Path):

@@ -383,6 +383,11 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     # --- loop -----------------------------------------------------------------------------------------------
     try:
         with PreemptionHandler() as preemption:
+            logger.info(
+                "Training steps %d to %d (SIGTERM or Ctrl-C: finish the step, save a checkpoint, exit)",
+                start_step + 1,
+                num_training_steps,
+            )
             last = train_loop(
                 strategy,
                 get_action_head("tokens"),
