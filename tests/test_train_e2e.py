@@ -134,9 +134,16 @@ def test_ddp_with_gradient_accumulation_matches_fsdp(full_run: Path, toy_data_ro
             "100",
             "--checkpoint.export_final",
             "true",
+            "--checkpoint.data_snapshot",
+            "false",
         )
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    # --checkpoint.data_snapshot false: the checkpoint holds no data-stream snapshot (a resume then skips frames).
+    assert (
+        sorted(checkpoints(tmp_path / "ddp")) == [3]
+        and not (checkpoints(tmp_path / "ddp")[3] / "data").exists()
+    )
     # --checkpoint.export_final: the HF OpenVLA export of the last checkpoint, beside the run's checkpoints.
     exported = json.loads((tmp_path / "ddp" / "hf" / "config.json").read_text())
     assert exported["model_type"] == "openvla" and set(exported["norm_stats"]) == {

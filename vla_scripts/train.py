@@ -320,12 +320,12 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
             "global_batch_size": cfg.vla.global_batch_size,
             "per_device_batch_size": cfg.vla.per_device_batch_size,
         }
-        return checkpoints.save(
-            state,
-            train_state,
-            lambda folder: dataset.save_stream_state(folder / DATA_SNAPSHOT_DIR),
-            blocking=blocking,
+        snapshot = (
+            (lambda f: dataset.save_stream_state(f / DATA_SNAPSHOT_DIR))
+            if cfg.checkpoint.data_snapshot
+            else None
         )
+        return checkpoints.save(state, train_state, snapshot, blocking=blocking)
 
     validate = None
     if cfg.eval.interval is not None:
