@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from train_runs import (
+    ENV,
     REPO,
     STEPS,
     TRAIN,
@@ -29,29 +30,18 @@ from train_runs import (
     free_port,
     run_train,
     tiny_args,
+    torchrun_command,
 )
 
 from prismatic.models.checkpoint_format import complete_checkpoints, load_checkpoint_file, newest_checkpoint
 from prismatic.training.trackers import read_metrics
 
-ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-
 
 def start_train(args: list[str], log: Path) -> subprocess.Popen:
     """torchrun with 2 processes in its own process group (so a signal can reach all of it), output to `log`."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-    ]
     with log.open("w") as out:
         return subprocess.Popen(
-            [*cmd, TRAIN, *args],
+            torchrun_command(2, args),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=ENV,

@@ -27,26 +27,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun_command(nproc: int, args: list[str]) -> list[str]:
+    """`torchrun --standalone --nproc-per-node N vla_scripts/train.py ARGS` with this interpreter."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    return [*cmd, "--nproc-per-node", str(nproc), TRAIN, *args]
+
+
 def run_train(args: list[str], nproc: int | None = 2, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env = dict(ENV)
     if nproc is None:
         # A plain process joins a group of one on MASTER_PORT (29500 by default): pick a free port so that
         # concurrent test runs on the same machine do not collide (torchrun --standalone picks its own).
         env["MASTER_PORT"] = str(free_port())
         cmd = [sys.executable, TRAIN, *args]
     else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(nproc),
-            TRAIN,
-            *args,
-        ]
+        cmd = torchrun_command(nproc, args)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
 
 

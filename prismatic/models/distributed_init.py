@@ -179,7 +179,10 @@ def materialize_from_rank0(
     if has_meta_tensors(model):
         model.to_empty(device=device)  # `to_empty` gives each alias of a tied parameter its own tensor
         retie(model, tied)
-        assert tied_aliases(model) == tied, "tied parameters came apart"
+        if tied_aliases(model) != tied:
+            raise RuntimeError(
+                "Re-tying parameters after allocating the meta-device model failed: ties differ."
+            )
     else:
         model.to(device)
 
