@@ -109,7 +109,8 @@ PLUGINS_ENV = "PRISMATIC_PLUGINS"
 def import_plugins(argv: list[str]) -> list[str]:
     """Import the modules named by `--plugins a.b,c.d` (and `$PRISMATIC_PLUGINS`); return argv without the flag.
 
-    A plugin is any importable module that registers backbones, base VLMs or VLA presets at import time
+    A plugin is an importable module, or a `.py` file given by its path, that registers backbones, base VLMs, VLA
+    presets, RLDS datasets, standardisation functions or mixtures at import time
     (`register_llm_backbone`, `register_vision_backbone`, `register_base_vlm`, `register_vla`): entry points
     import them before parsing flags, so `--vla.type` can name what they add. See docs/adding_a_model.md.
 
@@ -134,11 +135,47 @@ def import_plugins(argv: list[str]) -> list[str]:
             rest.append(arg)
         i += 1
     for name in (n.strip() for n in names if n.strip()):
+        if name.endswith(".py"):
+            _import_plugin_file(name)
+            continue
         try:
             importlib.import_module(name)
         except ImportError as err:
             raise ConfigError(
                 f"Plugin module '{name}' (from --plugins / ${PLUGINS_ENV}) cannot be imported: {err}. Put its "
-                "folder on PYTHONPATH."
+                "folder on PYTHONPATH, or pass the file's path (a name ending in .py)."
             ) from err
     return rest
+
+
+def _import_plugin_file(path_text: str) -> None:
+    """Import a plugin given as a file path (`--plugins my_robot.py`), once per process, under a module name
+    derived from its resolved path (two files with the same name in different folders do not collide)."""
+    import hashlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise ConfigError(
+            f"Plugin file '{path_text}' (from --plugins / ${PLUGINS_ENV}) does not exist. Pass the path of a "
+            "Python file that registers datasets, mixtures or models, or an importable module name."
+        )
+    module_name = f"prismatic_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError:
+        del sys.modules[module_name]
+        raise
+    except Exception as err:  # noqa: BLE001 (whatever the user's file raises, name the file)
+        del sys.modules[module_name]
+        raise ConfigError(
+            f"Plugin file '{path}' (from --plugins / ${PLUGINS_ENV}) failed while being imported: "
+            f"{type(err).__name__}: {err}"
+        ) from err
