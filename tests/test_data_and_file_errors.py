@@ -102,7 +102,11 @@ def test_damaged_val_file_is_named_while_iterating(toy_data_root: Path, tmp_path
     root, version_dir = _copy_toy(toy_data_root, tmp_path, keep_cache=True)
     mixture_statistics(root, TOY)  # cache present (computed now if the session had not yet)
     damaged = version_dir / f"{TOY}-val.tfrecord-00000-of-00004"
-    damaged.write_bytes(damaged.read_bytes()[:-100])
+    # Damaged in place, same size and time: the cache key (names, sizes, times) cannot see it, reading does.
+    stat, data = damaged.stat(), bytearray(damaged.read_bytes())
+    data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)
+    damaged.write_bytes(bytes(data))
+    os.utime(damaged, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     dataset = RLDSDataset(root, TOY, lambda frame: frame, (16, 16), 4, train=False)
     with pytest.raises(ConfigError, match="Corrupt or truncated TFRecord file") as error:
         list(dataset)
@@ -150,7 +154,7 @@ def test_unreadable_dataset_metadata_is_named(toy_data_root: Path, tmp_path: Pat
 
 
 def test_malformed_statistics_cache_is_named(toy_data_root: Path, tmp_path: Path) -> None:
-    root, version_dir = _copy_toy(toy_data_root, tmp_path, keep_cache=True)
+    root, version_dir = _copy_toy(toy_data_root, tmp_path, keep_cache=False)
     mixture_statistics(root, TOY)
     (cache,) = version_dir.glob("dataset_statistics_*.json")
     good = json.loads(cache.read_text())
@@ -197,12 +201,12 @@ def test_non_finite_values_stop_the_statistics_pass() -> None:
         compute_statistics([good, {**good, "action": bad_action}], dataset_name="my_robot")
     message = str(error.value)
     assert "Dataset 'my_robot'" in message and "'action'" in message and "NaN or inf" in message
-    assert "trajectory 1" in message and "step 2" in message and "[4]" in message
+    assert "episode #1" in message and "split 'all'" in message and "step 2" in message and "[4]" in message
     bad_proprio = good["proprio"].copy()
     bad_proprio[0, 0] = -np.inf
     with pytest.raises(ConfigError, match="'proprio' holds NaN or inf"):
         compute_statistics([{**good, "proprio": bad_proprio}], dataset_name="my_robot")
-    with pytest.raises(ConfigError, match="no trajectories"):
+    with pytest.raises(ConfigError, match="no steps"):
         compute_statistics([], dataset_name="my_robot")
 
 

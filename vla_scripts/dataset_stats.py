@@ -4,7 +4,10 @@ r"""Print (and optionally save) the action / proprio statistics of every dataset
         [--output_dir runs/stats] [--skip_missing_datasets] [--num_workers 8]
 
 Statistics come from each dataset's cache beside the data (`<name>/<version>/dataset_statistics_<hash>.json`,
-the same file training reads), or are computed over the train split and cached there. The output has the
+the same file training reads), or are computed as OpenVLA computes them (every split by default;
+`--data.statistics_split train` for train frames only) and cached there; `--recompute_stats` recomputes.
+Own datasets: `--plugins my_robot.py` (docs/own_data.md). For one dataset's trajectories and statistics from
+Python, see `prismatic.vla.datasets.rlds.reading`. The output has the
 layout of a run folder's `dataset_statistics.json` (OpenVLA's `norm_stats`): `--output_dir` writes that file.
 Datasets are read in parallel threads, one per core by default.
 """
@@ -14,9 +17,10 @@ Datasets are read in parallel threads, one per core by default.
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from prismatic.conf.data import DataOptions
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
 
@@ -30,6 +34,9 @@ class StatsConfig:
     output_dir: Path | None = None  # also write <output_dir>/dataset_statistics.json
     skip_missing_datasets: bool = False  # warn about, then skip, datasets missing from data_root_dir
     num_workers: int | None = None  # datasets processed at once, >= 1 (default: one per core)
+    recompute_stats: bool = False  # compute again, ignoring (and overwriting) the caches
+    # Statistics split, NaN / inf handling, proprio (defaults as OpenVLA; docs/data_pipeline.md)
+    data: DataOptions = field(default_factory=DataOptions)
 
     def __post_init__(self) -> None:
         # Checked while parsing, before TensorFlow loads.
@@ -52,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(StatsConfig, argv, doc=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    from prismatic.vla.datasets.rlds.dataset import mixture_statistics
+    from prismatic.vla.datasets.rlds.reading import mixture_statistics
     from prismatic.vla.datasets.rlds.statistics import save_dataset_statistics
 
     statistics = mixture_statistics(
@@ -60,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.data_mix,
         skip_missing_datasets=cfg.skip_missing_datasets,
         num_workers=cfg.num_workers,
+        options=cfg.data,
+        recompute=cfg.recompute_stats,
     )
     print(json.dumps(statistics, indent=2))
     if cfg.output_dir is not None:

@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prismatic.conf.data import DataOptions
 from prismatic.inference.evaluation import SPLITS
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
@@ -52,6 +53,8 @@ class EvaluateConfig:
     dtype: str | None = None  # float32 / bfloat16 / float16; default bf16 on GPU, fp32 on CPU
     constrained: bool = True  # decode action-token ids only (false: OpenVLA's unconstrained greedy decoding)
     hf_token: str | None = None  # for gated Hub repos
+    # Statistics / filtering / proprio choices; default: the run's own (config.json "data"), else OpenVLA's
+    data: DataOptions = field(default_factory=DataOptions)
 
 
 def _local_checkpoint(checkpoint: str) -> Path | None:
@@ -79,6 +82,26 @@ def run_data_mix(checkpoint: Path) -> str | None:
     vla = config.get("vla") if isinstance(config, dict) else None
     data_mix = vla.get("data_mix") if isinstance(vla, dict) else None
     return data_mix if isinstance(data_mix, str) else None
+
+
+def resolve_data_options(cfg: EvaluateConfig) -> DataOptions:
+    """`--data.*` when any differs from the defaults, else the run's own (config.json "data"), else defaults."""
+    from prismatic.models.checkpoint_format import run_folder_of
+
+    local = _local_checkpoint(cfg.checkpoint)
+    if cfg.data != DataOptions() or local is None:
+        return cfg.data
+    try:
+        saved = json.loads((run_folder_of(local) / "config.json").read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        return cfg.data
+    if not isinstance(saved, dict):
+        return cfg.data
+    try:
+        return DataOptions(**saved)
+    except (TypeError, ConfigError):
+        logger.warning("The run's data options %s are not understood; using the defaults.", saved)
+        return cfg.data
 
 
 def default_out_path(checkpoint: str, split: str) -> Path:
@@ -173,7 +196,8 @@ def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
             cfg.split,
         )
         # Statistics (needed to normalise labels) are computed once per node if not cached yet.
-        run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, data_mix), dist_info)
+        options = resolve_data_options(cfg)
+        run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, data_mix, options=options), dist_info)
         summary = evaluate(
             policy,
             cfg.data_root_dir,
@@ -185,6 +209,7 @@ def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
             rank=dist_info.rank,
             world_size=dist_info.world_size,
             reduce_device=dist_info.device,
+            options=options,
         )
         report = {
             "checkpoint": cfg.checkpoint,

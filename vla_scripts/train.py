@@ -215,7 +215,12 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     action_tokenizer = ActionTokenizer(tokenizer)
 
     # Statistics are computed once per node and cached beside the data; the node's other ranks wait, then read.
-    run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, cfg.vla.data_mix), dist_info)
+    run_once_per_node(
+        lambda: mixture_statistics(
+            cfg.data_root_dir, cfg.vla.data_mix, options=cfg.data, recompute=cfg.recompute_stats
+        ),
+        dist_info,
+    )
     batch_transform = RLDSBatchTransform(
         action_tokenizer,
         tokenizer,
@@ -234,6 +239,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         seed=cfg.seed,
         rank=dist_info.rank,
         world_size=dist_info.world_size,
+        options=cfg.data,
     )
     # Every rank continues its own stream at the same share of the frames consumed so far.
     rank_frames = frames // dist_info.world_size
@@ -345,6 +351,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
             world_size=dist_info.world_size,
             seed=cfg.seed,
             device=dist_info.device,
+            options=cfg.data,
         )
 
         def validate() -> dict[str, float]:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prismatic.conf.data import DataOptions
 from prismatic.conf.vla import DEFAULT_VLA_ID, VLAConfig
 from prismatic.models.checkpoint_format import (
     CHECKPOINT_FILE,
@@ -101,6 +102,9 @@ class TrainConfig:
         "auto"  # FSDP: full (shard over all ranks), hybrid (shard in a node, replicate across), auto
     )
     image_aug: bool = False  # image augmentation in the data pipeline
+    # Statistics, filtering, proprio and chunking choices (defaults as OpenVLA; docs/data_pipeline.md)
+    data: DataOptions = field(default_factory=DataOptions)
+    recompute_stats: bool = False  # compute dataset statistics again, ignoring (and overwriting) their caches
     seed: int = 7  # model init, data order and shuffling, in [0, 2**32 - 1]
 
     # Hugging Face token for gated weights. Unset: $HF_TOKEN, else the token `huggingface-cli login` stored.

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -257,6 +258,7 @@ def eval_dataset(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 7,
+    options: DataOptions | None = None,
 ) -> RLDSDataset:
     """The frames of `split` for this rank, at the policy's image size, with raw actions.
 
@@ -279,6 +281,7 @@ def eval_dataset(
         rank=rank,
         world_size=world_size,
         keep_raw_action=True,
+        options=options,
     )
 
 
@@ -352,6 +355,7 @@ def evaluate(
     rank: int = 0,
     world_size: int = 1,
     reduce_device: torch.device | str = "cpu",
+    options: DataOptions | None = None,
 ) -> dict[str, Any]:
     """Evaluate `policy` on this rank's shard of `split` of `data_mix`, then combine all ranks.
 
@@ -369,7 +373,9 @@ def evaluate(
         raise ConfigError(f"max_frames must be >= 1, got {max_frames}.")
     if split == "train" and max_frames is None:
         raise ConfigError("--split train streams training frames without end: bound it with --max_frames N.")
-    dataset = eval_dataset(policy, data_root_dir, data_mix, split=split, rank=rank, world_size=world_size)
+    dataset = eval_dataset(
+        policy, data_root_dir, data_mix, split=split, rank=rank, world_size=world_size, options=options
+    )
     statistics = dataset.dataset_statistics
     action_dim = check_unnorm_keys(policy, statistics, unnorm_key, data_mix=data_mix)
     if rank == 0:

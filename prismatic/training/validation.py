@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from prismatic.conf.data import DataOptions
 from prismatic.util.constants import IGNORE_INDEX
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
@@ -95,6 +96,7 @@ class Validator:
         seed: int = 7,
         device: torch.device | str = "cpu",
         skip_missing_datasets: bool = False,
+        options: DataOptions | None = None,
     ) -> None:
         if per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be >= 1, got {per_device_batch_size}.")
@@ -136,6 +138,7 @@ class Validator:
                 seed=seed,
                 rank=0 if shared else rank,
                 world_size=1 if shared else world_size,
+                options=options,
             )
             self.held_out.append(_HeldOut(config.name, dataset, counted=rank == 0 or not shared))
         if not self.held_out:

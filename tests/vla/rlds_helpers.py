@@ -46,6 +46,6 @@ def frame_key(frame: dict) -> tuple:
         frame["dataset_name"],
         frame["task"]["language_instruction"],
         frame["action"].tobytes(),
-        frame["observation"]["proprio"].tobytes(),
+        frame["observation"].get("proprio", np.zeros(0)).tobytes(),
         frame["observation"]["image_primary"].tobytes(),
     )

@@ -46,7 +46,7 @@ def _assert_same_frames(got: list[dict], expected: list[dict]) -> None:
         assert np.array_equal(mine["observation"]["image_primary"], theirs["observation"]["image_primary"]), (
             where
         )
-        assert np.array_equal(mine["observation"]["proprio"], theirs["observation"]["proprio"]), where
+        assert np.array_equal(mine["observation"].get("proprio"), theirs["observation"].get("proprio")), where
         assert (mine["action"] == theirs["action"]).all(), where
         assert mine["task"]["language_instruction"] == theirs["task"]["language_instruction"], where
         assert mine["dataset_name"] == theirs["dataset_name"], where

@@ -87,4 +87,4 @@ def test_convert_own_episodes_and_train_on_them(
     printed = json.loads(capsys.readouterr().out)
     saved = json.loads((tmp_path / "dataset_statistics.json").read_text())
     assert printed == saved == json.loads(json.dumps(pipeline.dataset_statistics))
-    assert saved["my_robot"]["num_transitions"] == 15 and saved["my_robot"]["action"]["mask"][-1] is False
+    assert saved["my_robot"]["num_transitions"] == 20 and saved["my_robot"]["action"]["mask"][-1] is False

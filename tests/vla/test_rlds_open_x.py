@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from oxe_synthetic import INSTRUCTION, SPECS, color
 
+from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
 from prismatic.vla.datasets.rlds import mixtures
 from prismatic.vla.datasets.rlds.dataset import SHUFFLE_BUFFER_RAM_ENV, make_interleaved_dataset
@@ -27,20 +28,24 @@ def _closest_key(image: np.ndarray, keys: list[str]) -> str:
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_raw_layout_becomes_the_expected_standard_frame(open_x_root: Path, name: str) -> None:
     spec = SPECS[name]
-    pipeline = make_interleaved_dataset(open_x_root, name, train=False, shuffle_buffer_size=1, **RES)
+    # Gripper dims that never move stay as standardised (OpenVLA's default zeroes them): this test is about layout.
+    options = DataOptions(unused_dims="zero_normalized")
+    pipeline = make_interleaved_dataset(
+        open_x_root, name, train=False, shuffle_buffer_size=1, options=options, **RES
+    )
     frames = list(pipeline.dataset.as_numpy_iterator())
 
     np.testing.assert_allclose(np.stack([f["action"] for f in frames]), spec.expected_action, atol=1e-4)
     assert {f["task"]["language_instruction"] for f in frames} == {INSTRUCTION.encode()}
     assert {f["dataset_name"] for f in frames} == {name.encode()}
-    assert all(f["observation"]["proprio"].shape == (8,) for f in frames)
+    assert all("proprio" not in f["observation"] for f in frames)  # only with --data.load_proprio
     # The primary image comes from the configured raw key (DROID: either exterior camera, one per episode).
     every_camera = [k for k in _all_image_keys(spec)]
     sources = {_closest_key(f["observation"]["image_primary"], every_camera) for f in frames}
     assert len(sources) == 1 and sources <= set(spec.primary_keys), sources
     stats = pipeline.dataset_statistics[name]
     assert stats["action"]["mask"] == [True] * 6 + [False]
-    assert stats["num_transitions"] == 2 * len(spec.expected_action)
+    assert stats["num_transitions"] == 3 * len(spec.expected_action)  # every split, as OpenVLA
 
 
 def _all_image_keys(spec) -> list[str]:
@@ -144,18 +149,21 @@ def test_history_and_action_chunks_with_pad_masks(open_x_root: Path) -> None:
         shuffle_buffer_size=1,
         window_size=2,
         future_action_window_size=2,
+        options=DataOptions(unused_dims="zero_normalized", load_proprio=True),  # the constant gripper stays 1
         **RES,
     )
     frames = list(pipeline.dataset.as_numpy_iterator())
     assert len(frames) == 6
     for t, frame in enumerate(frames):
         assert frame["observation"]["image_primary"].shape == (2, 16, 16, 3)
-        assert frame["observation"]["proprio"].shape == (2, 8)
+        assert frame["observation"]["proprio"].shape[0] == 2
         assert frame["observation"]["pad_mask"].tolist() == [t >= 1, True]
-        assert frame["action_pad_mask"].tolist() == [t + k < 6 for k in range(3)]
-        # Past the end: relative dims are "no movement" (raw 0, which normalises to 0 here: q01 = -q99),
-        # the absolute gripper repeats its last value.
-        expected = np.stack([spec.expected_action[t + k] if t + k < 6 else [0] * 6 + [1] for k in range(3)])
+        # OpenVLA's chunk: actions t-1 .. t+2 (the one before the start repeats the first).
+        assert frame["action_pad_mask"].tolist() == [t + k < 6 for k in range(-1, 3)]
+        # Past the end: relative dims are 0 in normalised space, the absolute gripper repeats its last value.
+        expected = np.stack(
+            [spec.expected_action[max(t + k, 0)] if t + k < 6 else [0] * 6 + [1] for k in range(-1, 3)]
+        )
         np.testing.assert_allclose(frame["action"], expected, atol=1e-4)
     with pytest.raises(ConfigError, match="window_size"):
         make_interleaved_dataset(open_x_root, spec.name, shuffle_buffer_size=1, window_size=0, **RES)
@@ -163,10 +171,16 @@ def test_history_and_action_chunks_with_pad_masks(open_x_root: Path) -> None:
 
 def test_droid_training_drops_idle_frames(open_x_root: Path) -> None:
     # Step 1 of every synthetic episode has a zero arm action (P[1] = 0), which normalises to 0 here.
-    def arms(name: str) -> np.ndarray:
-        pipeline = make_interleaved_dataset(open_x_root, name, shuffle_buffer_size=8, seed=0, **RES)
+    def arms(name: str, bounds: str = "openvla") -> np.ndarray:
+        options = DataOptions(zero_action_bounds=bounds)
+        pipeline = make_interleaved_dataset(
+            open_x_root, name, shuffle_buffer_size=8, seed=0, options=options, **RES
+        )
         frames = itertools.islice(pipeline.dataset.as_numpy_iterator(), 40)
         return np.stack([f["action"][:6] for f in frames])
 
-    assert not np.any(np.all(np.abs(arms("droid")) < 1e-6, axis=1))
-    assert np.any(np.all(np.abs(arms("libero_spatial_no_noops")) < 1e-6, axis=1))  # no filter there
+    assert not np.any(np.all(np.abs(arms("droid", "statistics")) < 1e-6, axis=1))
+    # OpenVLA's filter compares with DROID's own normalised zero (its q01 / q99 constants), which is not this
+    # synthetic data's: nothing is dropped, as in OpenVLA.
+    assert np.any(np.all(np.abs(arms("droid")) < 1e-6, axis=1))
+    assert np.any(np.all(np.abs(arms("libero_spatial_no_noops", "statistics")) < 1e-6, axis=1))  # no filter

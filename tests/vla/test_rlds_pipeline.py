@@ -10,6 +10,7 @@ import pytest
 import torch
 from rlds_helpers import frame_key
 
+from prismatic.conf.data import DataOptions
 from prismatic.models.backbones.llm.prompting.base_prompter import PurePromptBuilder
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
@@ -49,7 +50,7 @@ def test_frames_have_the_documented_format(toy_data_root: Path) -> None:
     augmented = _frames(toy_data_root, 40, seed=1, image_aug=True)
     frame = plain[0]
     assert set(frame) == {"observation", "task", "action", "dataset_name"}
-    assert set(frame["observation"]) == {"image_primary", "proprio"}
+    assert set(frame["observation"]) == {"image_primary"}  # proprio only with load_proprio, as OpenVLA
     assert frame["observation"]["image_primary"].shape == (32, 32, 3)
     assert frame["observation"]["image_primary"].dtype == np.uint8
     assert frame["action"].shape == (7,) and frame["action"].dtype == np.float32
@@ -64,10 +65,11 @@ def test_frames_have_the_documented_format(toy_data_root: Path) -> None:
 
 def test_mixture_is_sampled_by_balanced_weights(toy_data_root: Path) -> None:
     pipeline = make_interleaved_dataset(toy_data_root, "toy", seed=0, **PIPELINE)
-    assert pipeline.sample_weights == pytest.approx({"toy_pick_place": 480 / 864, "toy_push": 384 / 864})
-    assert pipeline.num_transitions == 864
+    # Sizes from statistics over every split, as OpenVLA: 28 episodes of 20 and of 16 steps.
+    assert pipeline.sample_weights == pytest.approx({"toy_pick_place": 560 / 1008, "toy_push": 448 / 1008})
+    assert pipeline.num_transitions == 1008
     names = [f["dataset_name"] for f in itertools.islice(pipeline.dataset.as_numpy_iterator(), 3000)]
-    assert names.count(b"toy_pick_place") / len(names) == pytest.approx(480 / 864, abs=0.03)
+    assert names.count(b"toy_pick_place") / len(names) == pytest.approx(560 / 1008, abs=0.03)
 
 
 def test_val_is_one_deterministic_pass(toy_data_root: Path) -> None:
@@ -112,7 +114,7 @@ def test_rlds_dataset_feeds_the_collator(toy_data_root: Path, tiny_tokenizer) ->
         prompt_builder_fn=PurePromptBuilder,
     )
     dataset = RLDSDataset(toy_data_root, "toy", transform, (32, 32), 64, seed=0, start_sample=5)
-    assert len(dataset) == 864
+    assert len(dataset) == 1008  # transitions of every split, as OpenVLA's dataset length
     assert sorted(dataset.dataset_statistics) == ["toy_pick_place", "toy_push"]
     collator = PaddedCollatorForActionPrediction(64, tiny_tokenizer.pad_token_id)
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=collator, num_workers=0)
@@ -138,7 +140,9 @@ def test_file_order_is_reshuffled_per_epoch_and_replayable(toy_data_root: Path) 
 
     builder = tfds.builder_from_directory(str(find_dataset_dir(toy_data_root, "toy_push")))
     assert builder.info.splits["train"].num_shards > 1
-    trajectories = _read_trajectories(builder, "train", get_dataset_config("toy_push"), repeat_seed=11)
+    trajectories = _read_trajectories(
+        builder, "train", get_dataset_config("toy_push"), DataOptions(), repeat_seed=11
+    )
 
     def first_actions(n: int) -> list[bytes]:
         return [t["action"][0].tobytes() for t in itertools.islice(trajectories.as_numpy_iterator(), n)]
@@ -162,4 +166,4 @@ def test_rlds_dataset_yields_exactly_the_pipelines_frames(toy_data_root: Path) -
         np.testing.assert_array_equal(
             mine["observation"]["image_primary"], theirs["observation"]["image_primary"]
         )
-        np.testing.assert_array_equal(mine["observation"]["proprio"], theirs["observation"]["proprio"])
+        assert "proprio" not in mine["observation"]

@@ -10,19 +10,18 @@ import numpy as np
 import pytest
 from rlds_helpers import q99_normalize, raw_actions_and_proprio
 
+from prismatic.conf.data import DataOptions
 from prismatic.vla.datasets.rlds import dataset as dataset_module
 from prismatic.vla.datasets.rlds import statistics as statistics_module
 from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS, NormalizationType
 from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
 from prismatic.vla.datasets.rlds.normalization import normalize_np, normalize_tf, unnormalize_np
-from prismatic.vla.datasets.rlds.statistics import (
-    RunningStatistics,
-    load_or_compute_statistics,
-    save_dataset_statistics,
-)
+from prismatic.vla.datasets.rlds.statistics import load_or_compute_statistics, save_dataset_statistics
 from prismatic.vla.datasets.rlds.toy import toy_dataset_dir
 
 PIPELINE = {"resize_resolution": (32, 32), "shuffle_buffer_size": 16}
+# Train-split statistics with proprio: what these tests compare against the train episodes.
+TRAIN_STATS = DataOptions(statistics_split="train", load_proprio=True)
 
 
 def _numpy_stats(episodes: list[dict[str, np.ndarray]], key: str) -> dict[str, np.ndarray]:
@@ -42,7 +41,9 @@ def _numpy_summary(x: np.ndarray) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", ["toy_pick_place", "toy_push"])
 def test_statistics_match_numpy_on_raw_episodes(toy_data_root: Path, name: str) -> None:
-    stats = make_interleaved_dataset(toy_data_root, name, **PIPELINE).dataset_statistics[name]
+    stats = make_interleaved_dataset(toy_data_root, name, options=TRAIN_STATS, **PIPELINE).dataset_statistics[
+        name
+    ]
     episodes = raw_actions_and_proprio(toy_dataset_dir(toy_data_root, name), "train")
     assert stats["num_trajectories"] == 24
     assert (
@@ -61,7 +62,7 @@ def test_statistics_match_numpy_on_raw_episodes(toy_data_root: Path, name: str) 
 
 def test_val_frames_are_bounds_q99_normalised(toy_data_root: Path) -> None:
     name = "toy_push"
-    pipeline = make_interleaved_dataset(toy_data_root, name, train=False, **PIPELINE)
+    pipeline = make_interleaved_dataset(toy_data_root, name, train=False, options=TRAIN_STATS, **PIPELINE)
     frames = list(pipeline.dataset.as_numpy_iterator())
     train = raw_actions_and_proprio(toy_dataset_dir(toy_data_root, name), "train")
     val = raw_actions_and_proprio(toy_dataset_dir(toy_data_root, name), "val")
@@ -137,12 +138,12 @@ def test_statistics_fall_back_to_user_cache(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(statistics_module, "FALLBACK_CACHE_DIR", tmp_path / "cache")
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")  # a file: nothing can be created below it
-    stats, path = load_or_compute_statistics(blocker / "data", "abc", lambda: {"num_transitions": 3})
-    assert (
-        path == tmp_path / "cache" / "dataset_statistics_abc.json" and json.loads(path.read_text()) == stats
-    )
-    again, _ = load_or_compute_statistics(blocker / "data", "abc", lambda: pytest.fail("recomputed"))
-    assert again == {"num_transitions": 3}
+    key = {"name": "abc"}
+    stats, path = load_or_compute_statistics(blocker / "data", key, lambda: {"num_transitions": 3})
+    assert path.parent == tmp_path / "cache" and path.name.startswith("dataset_statistics_")
+    assert json.loads(path.read_text()) == stats == {"num_transitions": 3, "_cache_key": key}
+    again, _ = load_or_compute_statistics(blocker / "data", key, lambda: pytest.fail("recomputed"))
+    assert again == stats
 
 
 def test_save_dataset_statistics_layout(toy_data_root: Path, tmp_path: Path) -> None:
@@ -159,20 +160,5 @@ def test_save_dataset_statistics_layout(toy_data_root: Path, tmp_path: Path) -> 
         assert set(stats["action"]) == {"mean", "std", "max", "min", "q01", "q99", "mask"}
         assert set(stats["proprio"]) == {"mean", "std", "max", "min", "q01", "q99"}
         assert all(isinstance(v, float) for v in stats["action"]["q99"]) and len(stats["action"]["q99"]) == 7
-        assert len(stats["proprio"]["q01"]) == 8 and isinstance(stats["num_transitions"], int)
-
-
-def test_running_statistics_match_numpy_over_uneven_chunks() -> None:
-    rng = np.random.default_rng(0)
-    chunks = [rng.normal(3.0, 2.0, size=(n, 5)).astype(np.float32) for n in (1, 37, 0, 250, 12, 700)]
-    running = RunningStatistics()
-    for chunk in chunks:
-        running.update(chunk)
-    summary = running.summary()
-    assert running.count == 1000
-    for stat, value in _numpy_summary(np.concatenate(chunks).astype(np.float64)).items():
-        np.testing.assert_allclose(summary[stat], value, rtol=1e-9, atol=1e-9, err_msg=stat)
-    with pytest.raises(ValueError, match="Dimension changed"):
-        running.update(np.zeros((3, 4), np.float32))
-    with pytest.raises(ValueError, match=r"\[T, D\]"):
-        running.update(np.zeros(5, np.float32))
+        assert len(stats["proprio"]["q01"]) == 7 and isinstance(stats["num_transitions"], int)
+        assert stats["proprio"]["q99"] == [0.0] * 7  # no proprio loaded: OpenVLA's zeros_like(action)

@@ -36,6 +36,7 @@ from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 from transformers import PreTrainedTokenizerBase
 
+from prismatic.conf.data import DataOptions
 from prismatic.models.backbones.llm.prompting.base_prompter import PromptBuilder
 from prismatic.util.constants import IGNORE_INDEX
 from prismatic.util.errors import ConfigError
@@ -325,6 +326,7 @@ class RLDSDataset(IterableDataset):
         window_size: int = 1,
         future_action_window_size: int = 0,
         keep_raw_action: bool = False,
+        options: DataOptions | None = None,
     ) -> None:
         self.data_root_dir, self.data_mix, self.batch_transform = (
             Path(data_root_dir),
@@ -348,7 +350,9 @@ class RLDSDataset(IterableDataset):
             window_size=window_size,
             future_action_window_size=future_action_window_size,
             keep_raw_action=keep_raw_action,
+            options=options,
         )
+        self.options = options or DataOptions()
         self.dataset = pipeline.dataset
         self.dataset_statistics = pipeline.dataset_statistics
         self.sample_weights = pipeline.sample_weights
@@ -378,6 +382,7 @@ class RLDSDataset(IterableDataset):
                     "image_aug": bool(image_aug and train),
                     "window_size": window_size,
                     "future_action_window_size": future_action_window_size,
+                    "data_options": (options or DataOptions()).to_dict(),
                     "keep_raw_action": keep_raw_action,
                     "frames_per_fetch": FRAMES_PER_FETCH,
                 }

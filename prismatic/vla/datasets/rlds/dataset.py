@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import inspect
 import logging
 import math
 import os
@@ -46,22 +48,44 @@ from typing import Any
 
 import numpy as np
 
+from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
 from prismatic.util.tf import import_tensorflow
 from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig, get_dataset_config
 from prismatic.vla.datasets.rlds.mixtures import balance_sample_weights, get_mixture
 from prismatic.vla.datasets.rlds.normalization import normalize_tf
 from prismatic.vla.datasets.rlds.statistics import (
+    COUNTS_FIELD,
     compute_statistics,
+    data_files_fingerprint,
     load_or_compute_statistics,
-    statistics_hash,
+    statistics_cache_key,
     with_action_mask,
 )
 from prismatic.vla.datasets.rlds.transforms import get_standardize_fn
 
 logger = logging.getLogger(__name__)
 
-STATE_DIM = 8  # proprio is padded to 8 dims by every state encoding
+# OpenVLA's `zero_action_filter` (droid_utils.py) normalises 0 with these DROID bounds of the 6 arm dimensions,
+# whatever the dataset's own statistics are, and keeps a frame when any arm action of its chunk differs from
+# that normalised 0 by more than the tolerance.
+DROID_ZERO_FILTER_Q01 = (
+    -0.7776297926902771,
+    -0.5803514122962952,
+    -0.5795090794563293,
+    -0.6464047729969025,
+    -0.7041108310222626,
+    -0.8895104378461838,
+)
+DROID_ZERO_FILTER_Q99 = (
+    0.7597932070493698,
+    0.5726242214441299,
+    0.7351000607013702,
+    0.6705610305070877,
+    0.6464948207139969,
+    0.8897542208433151,
+)
+ZERO_ACTION_TOLERANCE = 1e-5
 SHUFFLE_BUFFER_RAM_ENV = (
     "PRISMATIC_SHUFFLE_BUFFER_GB"  # overrides the default RAM budget of the shuffle buffer
 )
@@ -258,8 +282,15 @@ def _episode_to_trajectory(episode: dict[str, Any]) -> dict[str, Any]:
     return steps
 
 
-def _restructure(traj: dict[str, Any], config: RLDSDatasetConfig) -> dict[str, Any]:
-    """Standardise one raw trajectory and keep what the frame format needs (still un-normalised)."""
+def _restructure(
+    traj: dict[str, Any], config: RLDSDatasetConfig, options: DataOptions, with_ids: bool = False
+) -> dict[str, Any]:
+    """Standardise one raw trajectory and keep what the frame format needs (still un-normalised).
+
+    Proprio (with `options.load_proprio`) is the concatenation of the config's state keys, one zero column per
+    `None`, as OpenVLA builds it. `with_ids` adds `episode_id` (tfds' record id: file and index) and
+    `observation.timestep` for the read API.
+    """
     tf = import_tensorflow()
     traj = get_standardize_fn(config.standardize_fn)(traj)
     for key in ("observation", "action", config.language_key):
@@ -278,43 +309,63 @@ def _restructure(traj: dict[str, Any], config: RLDSDatasetConfig) -> dict[str, A
         image = obs[image_key]
         if image.dtype != tf.string:
             raise ValueError(f"{config.name}: image '{image_key}' must be an encoded tfds Image feature.")
-
-    parts = [
-        tf.zeros([num_steps, 1], tf.float32)
-        if key is None
-        else tf.reshape(tf.cast(obs[key], tf.float32), [num_steps, -1])
-        for key in config.state_obs_keys
-    ]
-    proprio = tf.concat(parts, axis=1)
-    # OpenVLA's state layouts are 8-dim by construction; a few raw layouts give fewer or more entries (proprio
-    # is not an input of OpenVLA's policy), so pad with zeros / keep the first 8 rather than fail mid-training.
-    proprio = tf.pad(proprio, [[0, 0], [0, tf.maximum(0, STATE_DIM - tf.shape(proprio)[1])]])
-    proprio = tf.ensure_shape(proprio[:, :STATE_DIM], [None, STATE_DIM])
+    observation = {"image_primary": image}
+    if options.load_proprio:
+        observation["proprio"] = proprio_of(obs, config, num_steps)
 
     language = traj[config.language_key]
     if language.dtype != tf.string:
         raise ValueError(f"{config.name}: instruction '{config.language_key}' must be a string tensor.")
-    return {
-        "observation": {"image_primary": image, "proprio": proprio},
+    out = {
+        "observation": observation,
         "task": {"language_instruction": language},
         "action": action,
         "dataset_name": tf.repeat(config.name, num_steps),
     }
+    if with_ids:
+        observation["timestep"] = tf.range(num_steps)
+        tfds_id = traj.get("traj_metadata", {}).get("tfds_id")
+        out["episode_id"] = tfds_id if tfds_id is not None else tf.repeat("", num_steps)
+    return out
+
+
+def proprio_of(obs: dict[str, Any], config: RLDSDatasetConfig, num_steps: Any) -> Any:
+    """float32[T, P]: the config's state keys concatenated, one zero column per `None` (OpenVLA's layout)."""
+    tf = import_tensorflow()
+    parts, width = [], 0
+    for key in config.state_obs_keys:
+        if key is None:
+            parts.append(tf.zeros([num_steps, 1], tf.float32))
+            width = None if width is None else width + 1
+            continue
+        value = tf.cast(obs[key], tf.float32)
+        if value.shape.rank == 1:
+            value = value[:, None]
+        key_width = value.shape[-1]
+        width = None if width is None or key_width is None else width + int(key_width)
+        parts.append(value)
+    if not parts:
+        return tf.zeros([num_steps, 0], tf.float32)
+    return tf.ensure_shape(tf.concat(parts, axis=1), [None, width])
 
 
 def _read_trajectories(
     builder: Any,
     split: str,
     config: RLDSDatasetConfig,
+    options: DataOptions,
     *,
     repeat_seed: int | None = None,
-    parallelism: int | None = None,
+    openvla_order: bool = False,
+    with_ids: bool = False,
 ) -> Any:
     """Restructured (un-normalised) trajectories of `split`.
 
-    `parallelism`: shard files read and trajectories standardised at once. Training keeps the defaults
-    (`READ_CYCLE_LENGTH`, `TRAJECTORY_PARALLEL_CALLS`: memory per dataset stays small, and decoding is where its
-    cores go); a statistics pass, which keeps no images, reads with one file and one trajectory per core.
+    Training reads `READ_CYCLE_LENGTH` files at once, one record per turn, and standardises
+    `TRAJECTORY_PARALLEL_CALLS` trajectories at once (memory per dataset stays small; decoding is where its cores
+    go). `openvla_order=True` (statistics, the read API) reads as OpenVLA's statistics pass does (dlimp's
+    `from_rlds(shuffle=False)`: tfds' interleave of AUTOTUNE files, 16 records per turn), so float32 sums see the
+    steps in OpenVLA's order on the same machine; `with_ids` adds episode ids and timesteps (`_restructure`).
 
     `repeat_seed=None`: one pass, in file order. Otherwise: forever, with the file order reshuffled every epoch
     from (repeat_seed, epoch). The epoch index is part of the graph, so iterating the returned dataset again
@@ -326,6 +377,17 @@ def _read_trajectories(
     decoders = _skip_image_decoding(builder.info.features)
 
     def read(shuffle_seed: Any) -> Any:
+        if openvla_order:
+            read_config = tfds.ReadConfig(
+                skip_prefetch=True,
+                num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE,
+                interleave_cycle_length=tf.data.AUTOTUNE,
+                add_tfds_id=with_ids,
+                try_autocache=False,
+            )
+            return builder.as_dataset(
+                split=split, shuffle_files=False, decoders=decoders, read_config=read_config
+            )
         read_config = tfds.ReadConfig(
             shuffle_seed=shuffle_seed,
             shuffle_reshuffle_each_iteration=False,
@@ -334,7 +396,7 @@ def _read_trajectories(
             # tfds' defaults (16 files at once, 16 records per file turn, 8 MiB read-ahead each) buffer ~0.4 GB of
             # whole episodes per dataset when training consumes slower than files are read; a mixture pays that
             # once per dataset. One record per turn over a few files keeps it at ~50 MB.
-            interleave_cycle_length=parallelism or READ_CYCLE_LENGTH,
+            interleave_cycle_length=READ_CYCLE_LENGTH,
             interleave_block_length=1,
             override_buffer_size=READ_BUFFER_BYTES,
         )
@@ -349,9 +411,9 @@ def _read_trajectories(
         ds = tf.data.Dataset.counter().flat_map(read_epoch)
     # Whole trajectories (every camera of every step) are large: a fixed, small number are in flight per dataset,
     # so host memory does not grow with the mixture's size; the heavy per-frame work is parallelised later.
-    calls = parallelism or TRAJECTORY_PARALLEL_CALLS
+    calls = (os.cpu_count() or 1) if openvla_order else TRAJECTORY_PARALLEL_CALLS
     ds = ds.map(_episode_to_trajectory, num_parallel_calls=calls)
-    return ds.map(lambda traj: _restructure(traj, config), num_parallel_calls=calls)
+    return ds.map(lambda traj: _restructure(traj, config, options, with_ids), num_parallel_calls=calls)
 
 
 def _split_name(builder: Any, train: bool) -> str:
@@ -361,33 +423,92 @@ def _split_name(builder: Any, train: bool) -> str:
     return "train[:95%]" if train else "train[95%:]"
 
 
-def _dataset_statistics(builder: Any, dataset_dir: Path, config: RLDSDatasetConfig) -> dict[str, Any]:
-    """Cached statistics of the standardised train split (computed over all of it, not a rank's share)."""
-    split = _split_name(builder, train=True)
-    split_info = builder.info.splits[split]
+def _statistics_split(builder: Any, options: DataOptions) -> str:
+    return "all" if options.statistics_split == "all" else _split_name(builder, train=True)
+
+
+def dataset_statistics(
+    builder: Any,
+    dataset_dir: Path,
+    config: RLDSDatasetConfig,
+    options: DataOptions,
+    *,
+    recompute: bool = False,
+) -> dict[str, Any]:
+    """Cached statistics of one dataset (over `options.statistics_split`, all of it, not a rank's share).
+
+    Returns the cache's content: OpenVLA's layout plus our bookkeeping (`_counts`, `_cache_key`), which
+    `with_action_mask` drops.
+    """
+    split = _statistics_split(builder, options)
     fn = get_standardize_fn(config.standardize_fn)
-    stats_hash = statistics_hash(
+    try:
+        source_hash = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+    except (OSError, TypeError):  # defined interactively: the qualified name has to do
+        source_hash = ""
+    cache_key = statistics_cache_key(
         config,
         version=str(builder.info.version),
-        standardize_fn_name=f"{config.standardize_fn}:{fn.__module__}.{fn.__qualname__}",
-        split_info={"split": split, "num_examples": int(split_info.num_examples)},
+        standardize_fn={
+            "id": config.standardize_fn,
+            "function": f"{fn.__module__}.{fn.__qualname__}",
+            "source_sha256": source_hash,
+        },
+        data_files=data_files_fingerprint(dataset_dir),
+        options={**options.statistics_key(), "split": split},
     )
 
     def compute() -> dict[str, Any]:
-        trajectories = _read_trajectories(builder, split, config, parallelism=os.cpu_count() or 1).map(
-            lambda traj: {"action": traj["action"], "proprio": traj["observation"]["proprio"]}
+        trajectories = _read_trajectories(
+            builder, split, config, options, openvla_order=True, with_ids=True
+        ).map(
+            lambda traj: {
+                "action": traj["action"],
+                **({"proprio": traj["observation"]["proprio"]} if options.load_proprio else {}),
+                "episode_id": traj["episode_id"][0],
+                "language_instruction": traj["task"]["language_instruction"],
+            }
         )
         with tfrecord_errors([dataset_dir]):
-            return compute_statistics(trajectories.as_numpy_iterator(), dataset_name=config.name)
+            return compute_statistics(
+                trajectories.as_numpy_iterator(),
+                dataset_name=config.name,
+                split=split,
+                nonfinite=options.nonfinite,
+            )
 
-    statistics, _ = load_or_compute_statistics(dataset_dir, stats_hash, compute)
+    statistics, _ = load_or_compute_statistics(
+        dataset_dir, cache_key, compute, recompute=recompute, dataset_name=config.name
+    )
+    counts = statistics.get(COUNTS_FIELD, {})
+    if counts.get("unlabeled_trajectories") and options.skip_unlabeled:
+        logger.info(
+            "Dataset '%s': %d of %d trajectories (split '%s') have only empty instructions; training skips "
+            "them (--data.skip_unlabeled false keeps them).",
+            config.name,
+            counts["unlabeled_trajectories"],
+            statistics["num_trajectories"],
+            split,
+        )
+    if counts.get("nonfinite_frames_dropped"):
+        logger.warning(
+            "Dataset '%s': %d frames hold NaN or inf in action / proprio (split '%s'); left out of statistics "
+            "and training (--data.nonfinite drop).",
+            config.name,
+            counts["nonfinite_frames_dropped"],
+            split,
+        )
     return statistics
 
 
 def _normalize(
-    traj: dict[str, Any], statistics: dict[str, Any], config: RLDSDatasetConfig, keep_raw_action: bool = False
+    traj: dict[str, Any],
+    statistics: dict[str, Any],
+    config: RLDSDatasetConfig,
+    options: DataOptions,
+    keep_raw_action: bool = False,
 ) -> dict[str, Any]:
-    """Normalise action (masked dims only) and proprio with the dataset's train statistics.
+    """Normalise action (masked dims only) and proprio (every dim) with the dataset's statistics, as OpenVLA.
 
     `keep_raw_action`: also keep the action in robot units as `raw_action` (evaluation compares un-normalised
     predictions against it; un-normalising the clipped `action` would not give it back).
@@ -396,28 +517,40 @@ def _normalize(
         traj["raw_action"] = traj["action"]
     norm = config.action_normalization_type
     traj["action"] = normalize_tf(
-        traj["action"], statistics["action"], norm, config.action_normalization_mask
+        traj["action"], statistics["action"], norm, config.action_normalization_mask, options.unused_dims
     )
-    traj["observation"]["proprio"] = normalize_tf(traj["observation"]["proprio"], statistics["proprio"], norm)
+    if "proprio" in traj["observation"]:
+        traj["observation"]["proprio"] = normalize_tf(
+            traj["observation"]["proprio"], statistics["proprio"], norm, unused_dims=options.unused_dims
+        )
     return traj
 
 
 def mixture_statistics(
-    data_root_dir: Path, data_mix: str, *, skip_missing_datasets: bool = False, num_workers: int | None = None
+    data_root_dir: Path,
+    data_mix: str,
+    *,
+    skip_missing_datasets: bool = False,
+    num_workers: int | None = None,
+    options: DataOptions | None = None,
+    recompute: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """{dataset_name: statistics with `action.mask`} of every dataset of `data_mix`, in the layout of a run's
-    `dataset_statistics.json`: read from each dataset's cache, or computed (and cached) over its train split.
+    `dataset_statistics.json`: read from each dataset's cache, or computed (and cached) as `options` say
+    (`recompute`: ignore existing caches).
 
     Datasets are processed in `num_workers` threads (default: one per CPU core, at most one per dataset);
     TensorFlow releases the GIL, and each dataset's read already decodes in parallel inside tf.data.
     """
     import_tensorflow()
+    options = options or DataOptions()
     members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
 
     def one(member: tuple[RLDSDatasetConfig, float, Path]) -> tuple[str, dict[str, Any]]:
         config, _, dataset_dir = member
         builder = load_builder(dataset_dir)
-        return config.name, with_action_mask(_dataset_statistics(builder, dataset_dir, config), config)
+        stats = dataset_statistics(builder, dataset_dir, config, options, recompute=recompute)
+        return config.name, with_action_mask(stats, config)
 
     workers = max(1, min(len(members), num_workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -482,7 +615,11 @@ def default_shuffle_buffer_ram_gb() -> float:
 
 
 def estimate_frame_bytes(
-    builder: Any, split: str, config: RLDSDatasetConfig, num_trajectories: int = 2
+    builder: Any,
+    split: str,
+    config: RLDSDatasetConfig,
+    num_trajectories: int = 2,
+    options: DataOptions | None = None,
 ) -> float:
     """Mean bytes one frame occupies in the shuffle buffer, measured on the first trajectories of `split`.
 
@@ -491,13 +628,13 @@ def estimate_frame_bytes(
     the `ALLOCATOR_OVERHEAD` measured for those allocations.
     """
     total, count = 0, 0
-    trajectories = _read_trajectories(builder, split, config).take(num_trajectories)
+    trajectories = _read_trajectories(builder, split, config, options or DataOptions()).take(num_trajectories)
     with tfrecord_errors([Path(builder.data_dir)]):
         for traj in trajectories.as_numpy_iterator():
             num_steps = len(traj["action"])
             total += sum(len(b) for b in traj["observation"]["image_primary"])
             total += sum(len(b) for b in traj["task"]["language_instruction"]) + num_steps * len(config.name)
-            total += traj["action"].nbytes + traj["observation"]["proprio"].nbytes
+            total += traj["action"].nbytes + traj["observation"].get("proprio", traj["action"][:, :0]).nbytes
             count += num_steps
     return (total / max(count, 1) + FRAME_OVERHEAD_BYTES) * ALLOCATOR_OVERHEAD
 
@@ -521,39 +658,90 @@ def check_shuffle_buffer_fits(
         )
 
 
-def _drop_zero_action_frames(traj: dict[str, Any]) -> dict[str, Any]:
-    """Keep the steps whose (first) arm action is not all zero; runs on raw actions, after chunking."""
+def _drop_nonfinite_frames(traj: dict[str, Any]) -> dict[str, Any]:
+    """Drop the steps whose action or proprio holds NaN / inf (`--data.nonfinite drop`), before normalising."""
     tf = import_tensorflow()
-    action = traj["action"]
-    first = action[:, 0, :-1] if action.shape.rank == 3 else action[:, :-1]
-    keep = tf.reduce_any(tf.not_equal(first, 0.0), axis=1)
+    keep = tf.reduce_all(tf.math.is_finite(traj["action"]), axis=1)
+    if "proprio" in traj["observation"]:
+        keep = tf.logical_and(keep, tf.reduce_all(tf.math.is_finite(traj["observation"]["proprio"]), axis=1))
+    return tf.nest.map_structure(lambda x: tf.boolean_mask(x, keep), traj)
+
+
+def _is_labeled(traj: dict[str, Any]) -> Any:
+    """OpenVLA's `skip_unlabeled` predicate: some step has a non-empty instruction."""
+    tf = import_tensorflow()
+    return tf.reduce_any(traj["task"]["language_instruction"] != "")
+
+
+def zero_action_reference(
+    statistics: dict[str, Any], config: RLDSDatasetConfig, bounds: str
+) -> tuple[list[int], Any]:
+    """(arm dims, float32 normalised value of a zero action on them) for the zero-action filter.
+
+    "openvla": OpenVLA's DROID constants, computed in float32 as its `zero_action_filter` does
+    (`2 * (0 - q01) / (q99 - q01 + 1e-8) - 1`); "statistics": the same formula with the dataset's bounds
+    (OpenVLA's normalisation arithmetic, `normalize_tf`), on every normalised dimension.
+    """
+    tf = import_tensorflow()
+    if bounds == "openvla":
+        q01 = tf.convert_to_tensor(DROID_ZERO_FILTER_Q01, tf.float32)
+        q99 = tf.convert_to_tensor(DROID_ZERO_FILTER_Q99, tf.float32)
+        zero = tf.zeros([len(DROID_ZERO_FILTER_Q01)], tf.float32)
+        return list(range(len(DROID_ZERO_FILTER_Q01))), 2 * (zero - q01) / (q99 - q01 + 1e-8) - 1
+    dims = [i for i, m in enumerate(config.action_normalization_mask) if m]
+    zero = tf.zeros([1, config.action_dim], tf.float32)
+    normalized = normalize_tf(
+        zero, statistics["action"], config.action_normalization_type, config.action_normalization_mask
+    )[0]
+    return dims, tf.gather(normalized, dims)
+
+
+def _drop_zero_action_frames(traj: dict[str, Any], dims: list[int], reference: Any) -> dict[str, Any]:
+    """Keep the frames where some arm action of the (normalised) chunk differs from the normalised zero by more
+    than `ZERO_ACTION_TOLERANCE`: OpenVLA's `zero_action_filter`, train and val alike."""
+    tf = import_tensorflow()
+    arm = tf.gather(traj["action"], dims, axis=-1)
+    moved = tf.math.abs(arm - reference) > ZERO_ACTION_TOLERANCE
+    keep = tf.reduce_any(moved, axis=list(range(1, moved.shape.rank)))
     return tf.nest.map_structure(lambda x: tf.boolean_mask(x, keep), traj)
 
 
 def _chunk(
-    traj: dict[str, Any], window_size: int, future_action_window_size: int, config: RLDSDatasetConfig
-) -> dict:
-    """Per step t: the observation history [t - window_size + 1, t] and the actions [t, t + future], with pad masks.
+    traj: dict[str, Any],
+    window_size: int,
+    future_action_window_size: int,
+    config: RLDSDatasetConfig,
+    chunk_end: str,
+) -> dict[str, Any]:
+    """OpenVLA's `chunk_act_obs` on a normalised trajectory: per step t, observations [t - W + 1, t] and actions
+    [t - W + 1, t + F] (W + F of them), with pad masks.
 
-    Runs on raw (un-normalised) actions, before normalisation. History before the episode start repeats the
-    first observation (`observation.pad_mask` False there); actions past the episode's end repeat the last one for
-    absolute dimensions (the gripper stays where it was) and are 0 = "no movement" for relative (delta)
-    dimensions (`action_pad_mask` False there), as OpenVLA's / Octo's chunking does.
+    History before the episode's start repeats its first observation / action (`observation.pad_mask` False).
+    `chunk_end="pad"`: actions past the last step are neutral, i.e. 0 in normalised space for relative
+    dimensions and the last action for absolute ones (the gripper stays where it was), `action_pad_mask` False
+    there. `chunk_end="drop"`: only the first T - F steps are kept, so no chunk runs past the end (OpenVLA-OFT).
     """
     tf = import_tensorflow()
     num_steps = tf.shape(traj["action"])[0]
-    t = tf.range(num_steps)[:, None]
-    history = t + tf.range(-window_size + 1, 1)[None, :]  # [T, W]
+    kept = num_steps - future_action_window_size if chunk_end == "drop" else num_steps
+    kept = tf.maximum(kept, 0)
+    t = tf.range(kept)[:, None]
+    history = t + tf.range(-window_size + 1, 1)[None, :]  # [T', W]
+    action_steps = t + tf.range(-window_size + 1, future_action_window_size + 1)[None, :]  # [T', W + F]
+    gather_steps = tf.minimum(tf.maximum(action_steps, 0), num_steps - 1)
     traj["observation"] = tf.nest.map_structure(
         lambda x: tf.gather(x, tf.maximum(history, 0)), traj["observation"]
     )
     traj["observation"]["pad_mask"] = history >= 0
-    future = t + tf.range(future_action_window_size + 1)[None, :]  # [T, F + 1]
-    real = future < num_steps
-    actions = tf.gather(traj["action"], tf.minimum(future, num_steps - 1))  # [T, F + 1, A]
+    real = action_steps < num_steps
     absolute = tf.constant(config.absolute_action_mask)[None, None, :]
-    traj["action"] = tf.where(tf.logical_or(real[..., None], absolute), actions, tf.zeros_like(actions))
+    for key in ("action", "raw_action"):
+        if key in traj:
+            actions = tf.gather(traj[key], gather_steps)  # [T', W + F, A]
+            traj[key] = tf.where(tf.logical_or(real[..., None], absolute), actions, tf.zeros_like(actions))
     traj["action_pad_mask"] = real
+    for key in ("task", "dataset_name"):
+        traj[key] = tf.nest.map_structure(lambda x: x[:kept], traj[key])
     return traj
 
 
@@ -632,6 +820,8 @@ def make_interleaved_dataset(
     window_size: int = 1,
     future_action_window_size: int = 0,
     keep_raw_action: bool = False,
+    options: DataOptions | None = None,
+    recompute_stats: bool = False,
 ) -> RLDSPipeline:
     """Build the frame stream of mixture `data_mix` for one rank (see module docstring).
 
@@ -657,6 +847,8 @@ def make_interleaved_dataset(
             `RLDSBatchTransform` consumes single-step frames only).
         keep_raw_action: frames also carry `raw_action`, the standardised action before normalisation (for
             evaluation in robot units); off for training, where it would only cost buffer memory.
+        options: statistics, filtering, proprio and chunking choices (`DataOptions`; defaults as OpenVLA).
+        recompute_stats: compute every dataset's statistics again, ignoring (and overwriting) their caches.
 
     Raises:
         ConfigError: unknown mixture, missing data folder or dataset(s), a dataset with fewer trajectories than
@@ -665,6 +857,7 @@ def make_interleaved_dataset(
     tf = import_tensorflow()
     import tensorflow_datasets as tfds
 
+    options = options or DataOptions()
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"Need 0 <= rank < world_size, got rank={rank}, world_size={world_size}.")
     if start_sample < 0:
@@ -686,10 +879,10 @@ def make_interleaved_dataset(
     if len({c.action_dim for c in configs}) != 1:
         raise ConfigError(f"Datasets of mixture '{data_mix}' have different action dimensions.")
 
-    datasets, statistics, frame_bytes = [], {}, []
+    datasets, statistics, frame_bytes, proprio_widths = [], {}, [], {}
     for index, (config, _, dataset_dir) in enumerate(members):
         builder = load_builder(dataset_dir)
-        stats = _dataset_statistics(builder, dataset_dir, config)
+        stats = dataset_statistics(builder, dataset_dir, config, options, recompute=recompute_stats)
         statistics[config.name] = with_action_mask(stats, config)
 
         split = _split_name(builder, train)
@@ -700,33 +893,50 @@ def make_interleaved_dataset(
                 f"world_size={world_size}: some ranks would get no data. Use fewer ranks or more data."
             )
         if train:
-            frame_bytes.append(window_size * estimate_frame_bytes(builder, split, config))
+            frame_bytes.append(window_size * estimate_frame_bytes(builder, split, config, options=options))
         rank_split = tfds.even_splits(split, n=world_size)[rank]
         trajectories = _read_trajectories(
             builder,
             rank_split,
             config,
+            options,
             repeat_seed=_seed(seed, rank, _PURPOSE_FILES, index) if train else None,
         )
-
+        # OpenVLA's order: normalise, drop unlabeled trajectories, chunk, flatten, then the per-dataset frame filter.
+        calls = TRAJECTORY_PARALLEL_CALLS
+        if options.nonfinite == "drop":
+            trajectories = trajectories.map(_drop_nonfinite_frames, num_parallel_calls=calls)
+        normalize = functools.partial(
+            _normalize, statistics=stats, config=config, options=options, keep_raw_action=keep_raw_action
+        )
+        trajectories = trajectories.map(normalize, num_parallel_calls=calls)
+        if options.skip_unlabeled:
+            trajectories = trajectories.filter(_is_labeled)
         if windowed:
             chunk = functools.partial(
                 _chunk,
                 window_size=window_size,
                 future_action_window_size=future_action_window_size,
                 config=config,
+                chunk_end=options.chunk_end,
             )
-            trajectories = trajectories.map(chunk, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS)
-        if config.drop_zero_action_frames and train:
-            trajectories = trajectories.map(
-                _drop_zero_action_frames, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS
-            )
-        normalize = functools.partial(
-            _normalize, statistics=stats, config=config, keep_raw_action=keep_raw_action
-        )
+            trajectories = trajectories.map(chunk, num_parallel_calls=calls)
+        if config.drop_zero_action_frames:
+            dims, reference = zero_action_reference(stats, config, options.zero_action_bounds)
+            drop_idle = functools.partial(_drop_zero_action_frames, dims=dims, reference=reference)
+            trajectories = trajectories.map(drop_idle, num_parallel_calls=calls)
+        if options.load_proprio:
+            proprio_widths[config.name] = trajectories.element_spec["observation"]["proprio"].shape[-1]
         # `unbatch` (not `flat_map(from_tensor_slices)`): same frames, less per-frame overhead (~15% more frames/s).
-        frames = trajectories.map(normalize, num_parallel_calls=TRAJECTORY_PARALLEL_CALLS).unbatch()
-        datasets.append(frames)
+        datasets.append(trajectories.unbatch())
+    if len(set(proprio_widths.values())) > 1:
+        widths = ", ".join(f"{name}: {width}" for name, width in proprio_widths.items())
+        raise ConfigError(
+            f"Datasets of mixture '{data_mix}' have proprio vectors of different widths ({widths}; each is its "
+            "config's state_obs_keys concatenated, one zero per None), so their frames cannot be batched together "
+            "with --data.load_proprio true. Train them separately, give their configs state keys of one width, or "
+            "leave proprio out (--data.load_proprio false, the default)."
+        )
 
     sizes = [statistics[c.name]["num_transitions"] for c in configs]
     weights = balance_sample_weights([w for _, w, _ in members], sizes)

@@ -1,12 +1,16 @@
-"""Action / proprio normalisation, in TensorFlow (for the pipeline) and NumPy (for tests and inference).
+"""Action / proprio normalisation with OpenVLA's arithmetic, in TensorFlow (the pipeline) and NumPy (tests, tools).
 
-BOUNDS_Q99 (OpenVLA's default): `clip(2 * (x - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)`; BOUNDS uses min/max
-instead of the quantiles; NORMAL: `(x - mean) / (std + 1e-8)`. Only dimensions where the mask is True change;
-masked-off dimensions (the 0/1 gripper) pass through, so the action tokenizer sees them as they are.
+OpenVLA (`normalize_action_and_proprio`) holds the statistics as float64 NumPy arrays and applies them to float32
+tensors, so its arithmetic is mixed: the denominator `high - low + 1e-8` (or `std + 1e-8`) is computed in
+float64 and rounded to float32 once, the offsets `low` / `mean` are rounded to float32, and the rest is float32.
+We do the same, so normalised values, and the action tokens binned from them, are bit-identical:
 
-Unused dimensions (min == max over the train split, e.g. the zero rotation padded onto translation-only
-datasets) map to 0 under the two bounds types, as in OpenVLA. Unlike OpenVLA this applies only to normalised
-dimensions: a dataset whose gripper never moves keeps its 1 = open instead of becoming 0 (= closed).
+    BOUNDS_Q99 (OpenVLA's default): clip(2 * (x - q01) / f32(q99 - q01 + 1e-8) - 1, -1, 1)
+    BOUNDS: the same with min / max;  NORMAL: (x - mean) / f32(std + 1e-8)
+
+Only dimensions where the mask is True change. Under the two bounds types, every dimension whose min == max
+(unused, e.g. zero rotation padded onto translation-only data) then becomes 0, *including* masked-off ones: as in
+OpenVLA, a gripper that never moves becomes 0. `unused_dims="zero_normalized"` limits that to normalised dims.
 """
 
 from __future__ import annotations
@@ -22,16 +26,35 @@ from prismatic.vla.datasets.rlds.configs import NormalizationType
 EPS = 1e-8
 
 
-def _bounds(
+def _terms(
     stats: Mapping[str, Sequence[float]], norm_type: NormalizationType
 ) -> tuple[np.ndarray, np.ndarray]:
-    low_key, high_key = ("q01", "q99") if norm_type is NormalizationType.BOUNDS_Q99 else ("min", "max")
-    return np.asarray(stats[low_key], np.float32), np.asarray(stats[high_key], np.float32)
+    """(offset, denominator) as float32, computed from float64 statistics the way OpenVLA's mixed arithmetic does."""
+    if norm_type is NormalizationType.NORMAL:
+        offset = np.asarray(stats["mean"], np.float64)
+        denominator = np.asarray(stats["std"], np.float64) + EPS
+    else:
+        low_key, high_key = ("q01", "q99") if norm_type is NormalizationType.BOUNDS_Q99 else ("min", "max")
+        offset = np.asarray(stats[low_key], np.float64)
+        denominator = np.asarray(stats[high_key], np.float64) - offset + EPS
+    return offset.astype(np.float32), denominator.astype(np.float32)
 
 
-def _unused(stats: Mapping[str, Sequence[float]]) -> np.ndarray:
-    """Dimensions that never vary in the train split (min == max)."""
-    return np.asarray(stats["min"], np.float32) == np.asarray(stats["max"], np.float32)
+def _zero_dims(
+    stats: Mapping[str, Sequence[float]],
+    norm_type: NormalizationType,
+    mask: np.ndarray,
+    unused_dims: str,
+) -> np.ndarray:
+    """Dimensions set to 0 after normalising: min == max under the bounds types (see module docstring)."""
+    if norm_type is NormalizationType.NORMAL:
+        return np.zeros(mask.shape, bool)
+    unused = np.asarray(stats["min"], np.float64) == np.asarray(stats["max"], np.float64)
+    return unused if unused_dims == "zero" else unused & mask
+
+
+def _mask(mask: Sequence[bool] | None, dim: int) -> np.ndarray:
+    return np.ones(dim, bool) if mask is None else np.asarray(mask, bool)
 
 
 def normalize_np(
@@ -39,18 +62,20 @@ def normalize_np(
     stats: Mapping[str, Sequence[float]],
     norm_type: NormalizationType,
     mask: Sequence[bool] | None = None,
+    unused_dims: str = "zero",
 ) -> np.ndarray:
-    """Normalise `x[..., D]` with per-dimension `stats` (keys mean/std/min/max/q01/q99); see module docstring."""
+    """Normalise `x[..., D]` (float32) with per-dimension `stats`; bit-identical to `normalize_tf`."""
     x = np.asarray(x, np.float32)
-    mask_arr = np.ones(x.shape[-1], bool) if mask is None else np.asarray(mask, bool)
+    offset, denominator = _terms(stats, norm_type)
+    mask_arr = _mask(mask, offset.shape[0])
     if norm_type is NormalizationType.NORMAL:
-        mean, std = np.asarray(stats["mean"], np.float32), np.asarray(stats["std"], np.float32)
-        out = (x - mean) / (std + EPS)
+        out = (x - offset) / denominator
     else:
-        low, high = _bounds(stats, norm_type)
-        out = np.clip(2 * (x - low) / (high - low + EPS) - 1, -1, 1)
-        out = np.where(_unused(stats), 0.0, out)
-    return np.where(mask_arr, out, x).astype(np.float32)
+        out = np.clip(np.float32(2) * (x - offset) / denominator - np.float32(1), -1, 1)
+    out = np.where(mask_arr, out, x)
+    return np.where(_zero_dims(stats, norm_type, mask_arr, unused_dims), np.float32(0), out).astype(
+        np.float32
+    )
 
 
 def unnormalize_np(
@@ -59,15 +84,18 @@ def unnormalize_np(
     norm_type: NormalizationType,
     mask: Sequence[bool] | None = None,
 ) -> np.ndarray:
-    """Inverse of `normalize_np` (up to clipping): model-space actions back to robot units."""
-    x = np.asarray(x, np.float32)
-    mask_arr = np.ones(x.shape[-1], bool) if mask is None else np.asarray(mask, bool)
+    """Inverse of `normalize_np` up to clipping and rounding (float64 internally): model space -> robot units.
+
+    For BOUNDS_Q99 this is OpenVLA's `predict_action` un-normalisation, `0.5 * (a + 1) * (q99 - q01) + q01`.
+    """
+    x = np.asarray(x, np.float64)
+    mask_arr = _mask(mask, x.shape[-1])
     if norm_type is NormalizationType.NORMAL:
-        mean, std = np.asarray(stats["mean"], np.float32), np.asarray(stats["std"], np.float32)
-        out = x * (std + EPS) + mean
+        out = x * (np.asarray(stats["std"], np.float64) + EPS) + np.asarray(stats["mean"], np.float64)
     else:
-        low, high = _bounds(stats, norm_type)
-        out = (x + 1) / 2 * (high - low + EPS) + low
+        low_key, high_key = ("q01", "q99") if norm_type is NormalizationType.BOUNDS_Q99 else ("min", "max")
+        low, high = np.asarray(stats[low_key], np.float64), np.asarray(stats[high_key], np.float64)
+        out = 0.5 * (x + 1) * (high - low) + low
     return np.where(mask_arr, out, x).astype(np.float32)
 
 
@@ -76,18 +104,16 @@ def normalize_tf(
     stats: Mapping[str, Sequence[float]],
     norm_type: NormalizationType,
     mask: Sequence[bool] | None = None,
+    unused_dims: str = "zero",
 ) -> Any:
-    """TensorFlow twin of `normalize_np` (same formula, float32), used inside the `tf.data` pipeline."""
+    """TensorFlow twin of `normalize_np` (same float32 terms, same op order), used inside the `tf.data` pipeline."""
     tf = import_tensorflow()
     x = tf.cast(x, tf.float32)
-    dim = int(np.asarray(stats["mean"]).shape[-1])
-    mask_t = tf.constant(np.ones(dim, bool) if mask is None else np.asarray(mask, bool))
+    offset, denominator = _terms(stats, norm_type)
+    mask_arr = _mask(mask, offset.shape[0])
     if norm_type is NormalizationType.NORMAL:
-        mean = tf.constant(np.asarray(stats["mean"], np.float32))
-        std = tf.constant(np.asarray(stats["std"], np.float32))
-        out = (x - mean) / (std + EPS)
+        out = (x - offset) / denominator
     else:
-        low, high = (tf.constant(v) for v in _bounds(stats, norm_type))
-        out = tf.clip_by_value(2 * (x - low) / (high - low + EPS) - 1, -1, 1)
-        out = tf.where(tf.constant(_unused(stats)), tf.zeros_like(out), out)
-    return tf.where(mask_t, out, x)
+        out = tf.clip_by_value(2 * (x - offset) / denominator - 1, -1, 1)
+    out = tf.where(mask_arr, out, x)
+    return tf.where(_zero_dims(stats, norm_type, mask_arr, unused_dims), tf.zeros_like(out), out)

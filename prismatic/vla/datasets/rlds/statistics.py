@@ -1,22 +1,28 @@
-"""Per-dataset action / proprio statistics: computed once over the train split, cached beside the data.
+"""Per-dataset action / proprio statistics as OpenVLA computes them, cached beside the data.
+
+OpenVLA (`get_dataset_statistics`) concatenates every step's float32 action / proprio and takes NumPy's
+`mean(0)`, `std(0)`, `max(0)`, `min(0)` and `quantile(0.01 / 0.99, axis=0)` of those float32 arrays (float32
+results, float32 accumulation in reading order); `compute_statistics` makes the same calls on the same arrays.
+Which frames: every split ("all") by default, as OpenVLA (`DataOptions.statistics_split`).
 
 The cache file is `<data_root>/<name>/<version>/dataset_statistics_<hash>.json`, where the hash covers everything
-the numbers depend on (dataset name and version, the split's size, the dataset config, the standardisation
-function, and `STATS_FORMAT`); when that folder is not writable the file goes to `~/.cache/prismatic/`
-instead. Writes are atomic (`prismatic.util.files.atomic_write`: temporary file + `os.replace`, the umask's
-normal permissions), so ranks computing the same statistics at once cannot leave a torn file.
-`save_dataset_statistics` writes a run's `dataset_statistics.json` in OpenVLA's layout (the same dict HF OpenVLA
-checkpoints carry as `norm_stats`), which inference needs to un-normalise actions.
+the numbers depend on (`statistics_cache_key`: the data files' names, sizes and modification times, the dataset
+config, the standardisation function's id and source, the statistics options and `STATS_FORMAT`). The key is
+stored in the file, so a rebuild can say what changed. When the data folder is not writable the file goes to
+`~/.cache/prismatic/` instead, and the log says so. Writes are atomic (`prismatic.util.files.atomic_write`), so
+ranks computing the same statistics at once cannot leave a torn file. `save_dataset_statistics` writes a run's
+`dataset_statistics.json` in OpenVLA's layout (the `norm_stats` HF OpenVLA checkpoints carry).
 
-Statistics are never NaN: a non-finite action / proprio value stops the computation with a `ConfigError` naming
-the dataset and key, and a cache or statistics file that is not valid JSON of the expected layout (hand-edited,
-damaged) is a `ConfigError` naming the file (`read_statistics_file`), never silently used.
+Statistics are never NaN: a non-finite value stops the computation with a `ConfigError` naming dataset, split,
+episode, key and step (or, with `nonfinite="drop"`, its frame is left out and counted), and a cache or statistics
+file that is not valid JSON of the expected layout is a `ConfigError` naming the file, never silently used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -28,129 +34,165 @@ from prismatic.util.errors import ConfigError
 from prismatic.util.files import write_json_atomic
 from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig
 
+logger = logging.getLogger(__name__)
+
 # Bump when the statistics computation changes, so old caches are not reused.
-STATS_FORMAT = 2  # 2: mean / std accumulated in float64
+STATS_FORMAT = 3  # 3: OpenVLA's float32 NumPy reductions, every split by default, file-based cache key
 FALLBACK_CACHE_DIR = Path("~/.cache/prismatic")
 STAT_KEYS = ("mean", "std", "max", "min", "q01", "q99")
+CACHE_KEY_FIELD = "_cache_key"  # our bookkeeping inside a cache file; not part of OpenVLA's layout
+COUNTS_FIELD = "_counts"  # frames / trajectories the pipeline treats specially, for the log
+DATA_FILE_SUFFIXES = (".json", ".tfrecord")
 
 
-def statistics_hash(
-    config: RLDSDatasetConfig, version: str, standardize_fn_name: str, split_info: Mapping[str, Any]
-) -> str:
-    """sha256 over what the statistics depend on; any change gives a new cache file."""
-    payload = {
+def data_files_fingerprint(dataset_dir: Path) -> list[list[Any]]:
+    """[name, size, mtime_ns] of every data / metadata file of a dataset folder (statistics caches excluded)."""
+    entries = []
+    for path in sorted(Path(dataset_dir).iterdir()):
+        if not path.is_file() or path.name.startswith("dataset_statistics_"):
+            continue
+        if not any(suffix in path.name for suffix in DATA_FILE_SUFFIXES):
+            continue
+        stat = path.stat()
+        entries.append([path.name, stat.st_size, stat.st_mtime_ns])
+    return entries
+
+
+def statistics_cache_key(
+    config: RLDSDatasetConfig,
+    version: str,
+    standardize_fn: Mapping[str, str],
+    data_files: list[list[Any]],
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Everything the statistics depend on, as a JSON object (its sha256 names the cache file)."""
+    return {
         "format": STATS_FORMAT,
         "name": config.name,
         "version": version,
-        "split": dict(split_info),
         "config": config.to_json_dict(),
-        "standardize_fn": standardize_fn_name,
+        "standardize_fn": dict(standardize_fn),
+        "data_files": data_files,
+        "options": dict(options),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-class RunningStatistics:
-    """Statistics of a stream of [T, D] arrays, fed one trajectory at a time.
-
-    Mean / std (float64, Chan et al.'s pairwise update), min and max are streaming. The 1% / 99% quantiles are
-    exact (`np.quantile`'s linear interpolation), so they keep every value: 4 bytes per value as float32
-    chunks, quantiled one dimension at a time in float64. Peak memory is about the values plus one dimension's
-    column (DROID's 27M steps x 15 action + proprio dims: ~1.7 GB); images are never part of it.
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._mean: np.ndarray | None = None
-        self._m2: np.ndarray | None = None
-        self._min: np.ndarray | None = None
-        self._max: np.ndarray | None = None
-        self._chunks: list[np.ndarray] = []
-
-    def update(self, values: np.ndarray) -> None:
-        x = np.asarray(values, np.float32)
-        if x.ndim != 2:
-            raise ValueError(f"RunningStatistics.update expects a [T, D] array, got shape {x.shape}.")
-        if x.shape[0] == 0:  # an empty trajectory adds nothing
-            return
-        batch_mean = x.mean(0, dtype=np.float64)
-        batch_m2 = ((x - batch_mean) ** 2).sum(0, dtype=np.float64)
-        if self._mean is None:
-            self._mean, self._m2 = batch_mean, batch_m2
-            self._min, self._max = x.min(0), x.max(0)
-        else:
-            if x.shape[1] != self._mean.shape[0]:
-                raise ValueError(f"Dimension changed mid-stream: {self._mean.shape[0]} -> {x.shape[1]}.")
-            total = self.count + x.shape[0]
-            delta = batch_mean - self._mean
-            self._mean = self._mean + delta * (x.shape[0] / total)
-            self._m2 = self._m2 + batch_m2 + delta**2 * (self.count * x.shape[0] / total)
-            self._min, self._max = np.minimum(self._min, x.min(0)), np.maximum(self._max, x.max(0))
-        self.count += x.shape[0]
-        self._chunks.append(x)
-
-    def summary(self) -> dict[str, list[float]]:
-        """{mean, std, max, min, q01, q99}, each a list of D floats (std is the population std, as NumPy's)."""
-        if self._mean is None:
-            raise ValueError("No values to summarise.")
-        q01, q99 = [], []
-        for dim in range(self._mean.shape[0]):
-            column = np.concatenate([c[:, dim] for c in self._chunks]).astype(np.float64)
-            low, high = np.quantile(column, (0.01, 0.99), overwrite_input=True)
-            q01.append(low)
-            q99.append(high)
-        values = {
-            "mean": self._mean,
-            "std": np.sqrt(self._m2 / self.count),
-            "max": self._max,
-            "min": self._min,
-            "q01": q01,
-            "q99": q99,
-        }
-        return {k: [float(v) for v in values[k]] for k in STAT_KEYS}
+def statistics_hash(cache_key: Mapping[str, Any]) -> str:
+    """sha256 of a cache key; any change gives a new cache file."""
+    return hashlib.sha256(json.dumps(cache_key, sort_keys=True).encode()).hexdigest()
 
 
-def _check_finite(values: np.ndarray, dataset_name: str, key: str, index: int) -> None:
+def describe_key_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """What differs between two cache keys, in words (for the log line of a rebuild)."""
+    changes = []
+    if old.get("data_files") != new.get("data_files"):
+        before = {name: (size, mtime) for name, size, mtime in old.get("data_files", [])}
+        after = {name: (size, mtime) for name, size, mtime in new.get("data_files", [])}
+        changed = sorted(n for n in before.keys() & after.keys() if before[n] != after[n])
+        added, removed = sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys())
+        parts = [
+            f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for what, names in (("modified", changed), ("added", added), ("removed", removed))
+            if names
+        ]
+        changes.append("data files " + "; ".join(parts))
+    for field in ("format", "version", "config", "standardize_fn", "options"):
+        if old.get(field) != new.get(field):
+            if field == "options":
+                diff = {k: v for k, v in new["options"].items() if old.get("options", {}).get(k) != v}
+                changes.append(f"options {diff}")
+            else:
+                changes.append(
+                    {"format": "statistics format", "standardize_fn": "standardisation function"}.get(
+                        field, field
+                    )
+                )
+    return ", ".join(changes) or "unknown change"
+
+
+def _check_finite(values: np.ndarray, dataset_name: str, split: str, episode: str, key: str) -> None:
     """Refuse NaN / inf: they would make the statistics, and so every normalised value, NaN."""
     finite = np.isfinite(values)
     if not finite.all():
         steps, dims = np.nonzero(~finite)
         raise ConfigError(
-            f"Dataset '{dataset_name}': '{key}' holds NaN or inf values (trajectory {index} of the train split in "
-            f"file order, step {int(steps[0])}, dimension(s) {sorted({int(d) for d in dims})}), so its statistics "
-            "and normalisation would be NaN. Fix or drop those steps (in the data, or in the dataset's "
-            "standardize_fn) before computing statistics or training."
+            f"Dataset '{dataset_name}', split '{split}', episode {episode}: '{key}' holds NaN or inf at step "
+            f"{int(steps[0])} (dimension(s) {sorted({int(d) for d in dims})}; {len(set(steps.tolist()))} step(s) "
+            "in this episode), so its statistics and normalisation would be NaN. Fix or drop those steps (in the "
+            "data, or in the dataset's standardize_fn), or pass --data.nonfinite drop to leave such frames out of "
+            "statistics and training."
         )
+
+
+def _summary(values: np.ndarray) -> dict[str, list[float]]:
+    """OpenVLA's reductions of a float32 [N, D] array, as lists of floats."""
+    return {
+        "mean": values.mean(0).tolist(),
+        "std": values.std(0).tolist(),
+        "max": values.max(0).tolist(),
+        "min": values.min(0).tolist(),
+        "q01": np.quantile(values, 0.01, axis=0).tolist(),
+        "q99": np.quantile(values, 0.99, axis=0).tolist(),
+    }
 
 
 def compute_statistics(
-    trajectories: Iterable[Mapping[str, np.ndarray]], dataset_name: str = "dataset"
+    trajectories: Iterable[Mapping[str, Any]],
+    dataset_name: str = "dataset",
+    *,
+    split: str = "all",
+    nonfinite: str = "error",
 ) -> dict[str, Any]:
-    """Statistics of `action` and `proprio` over all steps of `trajectories` (each a dict of [T, D] arrays),
-    consumed one trajectory at a time (see `RunningStatistics`).
+    """Statistics of `action` and `proprio` over all steps of `trajectories`, as OpenVLA computes them.
 
-    Returns the cached layout: {"action": {mean, std, max, min, q01, q99}, "proprio": {...}, "num_transitions",
-    "num_trajectories"}, every vector a list of floats.
+    Each trajectory is a dict of [T, D] arrays `action` and (optional) `proprio`; a trajectory without `proprio`
+    counts zeros of the action's shape, as OpenVLA does when proprio is not loaded. Optional `episode_id` names
+    the episode in errors; optional `language_instruction` ([T] bytes) lets the result count unlabeled
+    trajectories. Values are kept as float32 (4 bytes per value and dimension, as OpenVLA).
 
+    Returns:
+        {"action": {mean, std, max, min, q01, q99}, "proprio": {...}, "num_transitions", "num_trajectories",
+        "_counts": {"unlabeled_trajectories", "nonfinite_frames_dropped"}}, vectors as lists of floats.
     Raises:
-        ConfigError: a value is NaN or inf (naming `dataset_name`, the key, trajectory, step and dimensions), or
-            there are no trajectories.
+        ConfigError: a value is NaN or inf and `nonfinite="error"` (naming dataset, split, episode, key, step),
+            or there are no steps.
     """
-    action, proprio, num_trajectories = RunningStatistics(), RunningStatistics(), 0
+    actions, proprios = [], []
+    num_trajectories = unlabeled = dropped = 0
     for index, traj in enumerate(trajectories):
-        for key, running in (("action", action), ("proprio", proprio)):
-            values = np.asarray(traj[key], np.float32)
-            _check_finite(values, dataset_name, key, index)
-            running.update(values)
-        num_trajectories += 1
-    if action.count == 0:
-        raise ConfigError(
-            f"Dataset '{dataset_name}': cannot compute statistics of a train split with no trajectories."
+        action = np.asarray(traj["action"], np.float32)
+        proprio = np.asarray(traj["proprio"], np.float32) if "proprio" in traj else np.zeros_like(action)
+        episode = traj.get("episode_id")
+        episode = (
+            f"'{episode.decode() if isinstance(episode, bytes) else episode}'"
+            if episode is not None
+            else (f"#{index} (in reading order)")
         )
+        if nonfinite == "error":
+            _check_finite(action, dataset_name, split, episode, "action")
+            _check_finite(proprio, dataset_name, split, episode, "proprio")
+        else:
+            keep = np.isfinite(action).all(1) & np.isfinite(proprio).all(1)
+            dropped += int((~keep).sum())
+            action, proprio = action[keep], proprio[keep]
+        if "language_instruction" in traj and not any(len(s) for s in traj["language_instruction"]):
+            unlabeled += 1
+        if action.shape[0] == 0:
+            continue
+        actions.append(action)
+        proprios.append(proprio)
+        num_trajectories += 1
+    if not actions:
+        raise ConfigError(
+            f"Dataset '{dataset_name}': cannot compute statistics of split '{split}': it has no steps."
+        )
+    action_values, proprio_values = np.concatenate(actions), np.concatenate(proprios)
     return {
-        "action": action.summary(),
-        "proprio": proprio.summary(),
-        "num_transitions": action.count,
+        "action": _summary(action_values),
+        "proprio": _summary(proprio_values),
+        "num_transitions": int(action_values.shape[0]),
         "num_trajectories": num_trajectories,
+        COUNTS_FIELD: {"unlabeled_trajectories": unlabeled, "nonfinite_frames_dropped": dropped},
     }
 
 
@@ -241,10 +283,32 @@ def statistics_cache_paths(dataset_dir: Path, stats_hash: str) -> tuple[Path, Pa
     return Path(dataset_dir) / filename, FALLBACK_CACHE_DIR.expanduser() / filename
 
 
+def _previous_cache_key(dataset_dir: Path) -> tuple[dict[str, Any], Path] | None:
+    """The key stored in the newest other cache file beside the data, if any (to say why we rebuild)."""
+    caches = sorted(Path(dataset_dir).glob("dataset_statistics_*.json"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(caches):
+        try:
+            key = json.loads(path.read_text(encoding="utf-8")).get(CACHE_KEY_FIELD)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(key, dict):
+            return key, path
+    return None
+
+
 def load_or_compute_statistics(
-    dataset_dir: Path, stats_hash: str, compute: Callable[[], dict[str, Any]]
+    dataset_dir: Path,
+    cache_key: Mapping[str, Any],
+    compute: Callable[[], dict[str, Any]],
+    *,
+    recompute: bool = False,
+    dataset_name: str = "dataset",
 ) -> tuple[dict[str, Any], Path]:
-    """Return cached statistics for `stats_hash`, or run `compute()` once and cache its result.
+    """Return cached statistics for `cache_key`, or run `compute()` once and cache its result (with the key).
+
+    `recompute=True` ignores an existing cache and overwrites it. The log names the cache read, or why the
+    statistics were computed (no cache yet, what changed since the previous one, or `recompute`), and says so
+    when the per-user fallback location is used.
 
     Returns:
         (statistics, path of the cache file read or written).
@@ -252,24 +316,44 @@ def load_or_compute_statistics(
         ConfigError: a cache file is malformed (it names the file: delete it to recompute), or neither cache
             location can be written.
     """
+    stats_hash = statistics_hash(cache_key)
     primary, fallback = statistics_cache_paths(dataset_dir, stats_hash)
-    for path in (primary, fallback):
-        if path.is_file():
-            return read_statistics_file(path, "statistics cache", per_dataset=False), path
-    statistics = compute()
+    if not recompute:
+        for path in (primary, fallback):
+            if path.is_file():
+                statistics = read_statistics_file(path, "statistics cache", per_dataset=False)
+                where = (
+                    "" if path == primary else " (the per-user fallback: the data folder was not writable)"
+                )
+                logger.info("Statistics of '%s': read from cache %s%s", dataset_name, path, where)
+                return statistics, path
+    if recompute:
+        reason = "--recompute_stats"
+    elif (previous := _previous_cache_key(dataset_dir)) is not None:
+        reason = f"{describe_key_change(previous[0], cache_key)} since {previous[1].name}"
+    else:
+        reason = "no cache yet"
+    logger.info("Statistics of '%s': computing (%s)", dataset_name, reason)
+    statistics = {**compute(), CACHE_KEY_FIELD: dict(cache_key)}
     try:
         write_json_atomic(primary, statistics, "statistics cache")
         return statistics, primary
     except (
         ConfigError
     ):  # read-only data folder (shared cluster storage, mounted bucket): cache per user instead
+        logger.warning(
+            "Statistics of '%s': the data folder %s is not writable; caching them in %s instead.",
+            dataset_name,
+            dataset_dir,
+            fallback,
+        )
         write_json_atomic(fallback, statistics, "statistics cache")
         return statistics, fallback
 
 
 def with_action_mask(statistics: Mapping[str, Any], config: RLDSDatasetConfig) -> dict[str, Any]:
-    """Copy of cached `statistics` with `action.mask` (which dims are normalised) added, as OpenVLA stores it."""
-    out = json.loads(json.dumps(statistics))
+    """OpenVLA's layout of cached `statistics`: its keys only, with `action.mask` (which dims are normalised)."""
+    out = {k: json.loads(json.dumps(v)) for k, v in statistics.items() if not k.startswith("_")}
     out["action"]["mask"] = [bool(m) for m in config.action_normalization_mask]
     return out
 
