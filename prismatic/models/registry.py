@@ -134,7 +134,15 @@ def import_plugins(argv: list[str]) -> list[str]:
         else:
             rest.append(arg)
         i += 1
-    for name in (n.strip() for n in names if n.strip()):
+    names = [n.strip() for n in names if n.strip()]
+    if names:
+        # A plugin may import TensorFlow (a dataset's standardisation function): load torch, torchvision and
+        # TensorFlow in the one order that does not crash the process first (`prismatic/util/tf.py`).
+        from prismatic.util.tf import import_tensorflow
+
+        import_tensorflow()
+
+    for name in names:
         if name.endswith(".py"):
             _import_plugin_file(name)
             continue

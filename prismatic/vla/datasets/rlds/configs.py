@@ -26,9 +26,9 @@ CAMERA_VIEWS = ("primary", "secondary", "wrist")
 
 
 class StateEncoding(IntEnum):
-    """Layout of the proprioceptive state vector (always 8-dim after padding, as in OpenVLA)."""
+    """Layout of the proprioceptive state vector (metadata, as in OpenVLA; the vector is the state keys' concat)."""
 
-    NONE = -1  # no proprioception: 8 zero pads
+    NONE = -1  # no proprioception: zero pads
     POS_EULER = 1  # EEF xyz (3) + roll-pitch-yaw (3) + <pad> (1) + gripper open/close (1)
     POS_QUAT = 2  # EEF xyz (3) + quaternion (4) + gripper open/close (1)
     JOINT = 3  # joint angles (7, padded if fewer) + gripper open/close (1)
@@ -70,7 +70,8 @@ class RLDSDatasetConfig:
         name: the dataset's folder name under `data_root_dir` (`<data_root_dir>/<name>/<version>/`).
         image_obs_keys: camera view ("primary", "secondary", "wrist") -> raw observation key, or None.
         depth_obs_keys: same for depth images.
-        state_obs_keys: raw observation keys concatenated into the 8-dim proprio vector; None inserts one zero.
+        state_obs_keys: raw observation keys concatenated into the proprio vector; None inserts one zero (its
+            width is exactly what these give, e.g. 9 for LIBERO's EEF_state (6), None, gripper_state (2)).
         state_encoding: layout of that proprio vector.
         action_encoding: layout of the standardised action vector.
         standardize_fn: id of the function in `transforms.STANDARDIZE_FNS` applied to each raw trajectory.
@@ -78,8 +79,9 @@ class RLDSDatasetConfig:
         action_normalization_type: how actions and proprio are normalised.
         absolute_action_mask: which action dims are absolute (default: the gripper).
         action_normalization_mask: which action dims are normalised (default: all but the gripper).
-        drop_zero_action_frames: drop training frames whose arm action (every dim but the gripper) is exactly
-            zero: idle steps (OpenVLA's `zero_action_filter` for DROID). Statistics still cover every step.
+        drop_zero_action_frames: drop frames (train and val) whose normalised arm actions all equal a normalised
+            zero action within 1e-5: idle steps (OpenVLA's `zero_action_filter` for DROID, with its DROID bounds
+            unless `--data.zero_action_bounds statistics`). Statistics still cover every step.
     """
 
     name: str
@@ -549,7 +551,7 @@ _OXE_TABLE: tuple[tuple, ...] = (
         (
             f"libero_{suite}_no_noops",
             ("image", None, "wrist_image"),
-            ("EEF_state", "gripper_state"),
+            ("EEF_state", None, "gripper_state"),  # gripper_state is 2-D: proprio is 9-dim, as OpenVLA
             _E,
             "libero",
         )

@@ -3,7 +3,9 @@
 Per dataset (`<data_root_dir>/<name>/<highest version>/`, read with `tfds.builder_from_directory`):
     read this rank's share of the trajectories (images stay JPEG bytes; train: forever, file order reshuffled
     every epoch) -> standardise (`transforms.py`) -> restructure to the common frame format -> normalise
-    action + proprio with the cached train statistics -> flatten trajectories into frames.
+    action + proprio with the cached statistics -> drop unlabeled trajectories -> chunk (optional) -> drop
+    idle frames (DROID) -> flatten trajectories into frames. The order, the statistics and the arithmetic are
+    OpenVLA's (`DataOptions` in `prismatic/conf/data.py` names each choice; docs/data_pipeline.md).
 Then across datasets: weighted `sample_from_datasets` (weights balanced by size, `mixtures.py`) -> frame-level
 shuffle buffer (train) -> skip `start_sample` frames -> decode + resize (+ augment) the images.
 
@@ -25,9 +27,10 @@ with unreadable metadata is a `ConfigError` naming the folder, and a corrupt, tr
 met while reading (`tfrecord_errors`) is a `ConfigError` naming that file.
 
 Each yielded frame (as NumPy via `.as_numpy_iterator()`):
-    {"observation": {"image_primary": uint8[H, W, 3], "proprio": float32[8]},
+    {"observation": {"image_primary": uint8[H, W, 3]},
      "task": {"language_instruction": bytes}, "action": float32[7] (normalised), "dataset_name": bytes}
-plus "raw_action" (the standardised action before normalisation, same shape) when `keep_raw_action=True`.
+plus "observation.proprio" (float32[P], the config's state keys) with `options.load_proprio`, and "raw_action"
+(the standardised action before normalisation, same shape) when `keep_raw_action=True`.
 """
 
 from __future__ import annotations
@@ -842,9 +845,9 @@ def make_interleaved_dataset(
             or half the physical RAM shared by the node's ranks (`default_shuffle_buffer_ram_gb`).
         window_size, future_action_window_size: observation history length and number of future actions per
             frame (action chunking; see `_chunk`). The defaults (1, 0) give OpenVLA's single-step frames in the
-            format of the module docstring; otherwise `image_primary` is [W, H, W, 3], `proprio` [W, 8],
-            `observation.pad_mask` bool[W], `action` [F + 1, A] and `action_pad_mask` bool[F + 1] (the torch-side
-            `RLDSBatchTransform` consumes single-step frames only).
+            format of the module docstring; otherwise `image_primary` is [W, H, W, 3], `proprio` [W, P],
+            `observation.pad_mask` bool[W], `action` [W + F, A] and `action_pad_mask` bool[W + F], as OpenVLA's
+            `chunk_act_obs` (the torch-side `RLDSBatchTransform` consumes single-step frames only).
         keep_raw_action: frames also carry `raw_action`, the standardised action before normalisation (for
             evaluation in robot units); off for training, where it would only cost buffer memory.
         options: statistics, filtering, proprio and chunking choices (`DataOptions`; defaults as OpenVLA).
