@@ -137,10 +137,12 @@ def _fake_raw_trajectory(name: str, num_steps: int) -> dict:
     ("name", "num_frames"), [("bridge_orig", 4), ("bridge_oxe", 4), ("fractal20220817_data", 6)]
 )
 def test_open_x_standardisation_reaches_the_frame_format(name: str, num_frames: int) -> None:
+    from prismatic.conf.data import DataOptions
     from prismatic.vla.datasets.rlds.dataset import _restructure
 
     # Bridge drops its all-zero first step and the last step (relabelled from the reached state).
-    out = _restructure(_fake_raw_trajectory(name, 6), get_dataset_config(name))
+    options = DataOptions(load_proprio=True)
+    out = _restructure(_fake_raw_trajectory(name, 6), get_dataset_config(name), options)
     assert out["action"].shape == (num_frames, 7) and out["observation"]["proprio"].shape == (num_frames, 8)
     assert out["observation"]["image_primary"].shape == (num_frames,)
     assert out["task"]["language_instruction"].numpy()[0] == b"put the spoon in the pot"

@@ -468,7 +468,7 @@ def dataset_statistics(
             lambda traj: {
                 "action": traj["action"],
                 **({"proprio": traj["observation"]["proprio"]} if options.load_proprio else {}),
-                "episode_id": traj["episode_id"][0],
+                "episode_id": traj["episode_id"][:1],  # [1] (or [0] for an empty episode)
                 "language_instruction": traj["task"]["language_instruction"],
             }
         )
@@ -549,15 +549,18 @@ def mixture_statistics(
     options = options or DataOptions()
     members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
 
-    def one(member: tuple[RLDSDatasetConfig, float, Path]) -> tuple[str, dict[str, Any]]:
-        config, _, dataset_dir = member
-        builder = load_builder(dataset_dir)
-        stats = dataset_statistics(builder, dataset_dir, config, options, recompute=recompute)
+    # Builders are made here, in this thread: tensorflow_datasets imports its modules lazily on first use, and two
+    # threads doing that at once deadlock on Python's import locks.
+    builders = [load_builder(dataset_dir) for _, _, dataset_dir in members]
+
+    def one(index: int) -> tuple[str, dict[str, Any]]:
+        config, _, dataset_dir = members[index]
+        stats = dataset_statistics(builders[index], dataset_dir, config, options, recompute=recompute)
         return config.name, with_action_mask(stats, config)
 
     workers = max(1, min(len(members), num_workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(one, members))
+        return dict(pool.map(one, range(len(members))))
 
 
 # === Mixture membership and the shuffle buffer's memory ===

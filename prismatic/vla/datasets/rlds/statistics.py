@@ -163,6 +163,8 @@ def compute_statistics(
         action = np.asarray(traj["action"], np.float32)
         proprio = np.asarray(traj["proprio"], np.float32) if "proprio" in traj else np.zeros_like(action)
         episode = traj.get("episode_id")
+        if isinstance(episode, np.ndarray):  # the pipeline passes the step-broadcast id's first element
+            episode = episode[0] if episode.size else None
         episode = (
             f"'{episode.decode() if isinstance(episode, bytes) else episode}'"
             if episode is not None

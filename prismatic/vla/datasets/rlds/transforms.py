@@ -11,8 +11,11 @@ follow OpenVLA's `prismatic/vla/datasets/rlds/oxe/transforms.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from prismatic.util.errors import lookup
 from prismatic.util.tf import import_tensorflow
@@ -69,7 +72,9 @@ def rel2abs_gripper_actions(actions: Any) -> Any:
     implies it was open); with no command at all it is open throughout.
     """
     tf = import_tensorflow()
-    actions = tf.cast(actions, tf.float32)
+    actions = tf.convert_to_tensor(actions)
+    if not actions.dtype.is_floating:  # thresholds are compared in the raw float dtype, as OpenVLA does
+        actions = tf.cast(actions, tf.float32)
     # +1 = open, -1 = closed, 0 = keep.
     command = tf.where(actions < -0.1, 1, tf.where(actions > 0.1, -1, 0))
     padded = tf.concat([command, [0]], axis=0)  # so that an empty trajectory needs no special case
@@ -175,36 +180,76 @@ def rt1_transform(traj: Trajectory) -> Trajectory:
 
 
 def invert_gripper_actions(actions: Any) -> Any:
-    """Gripper in [0, 1] with 1 = closed -> 1 = open."""
-    return 1.0 - actions
+    """Gripper in [0, 1] with 1 = closed -> 1 = open (in the input's dtype; the pipeline casts to float32)."""
+    return 1 - actions
 
 
 def _clip01(x: Any) -> Any:
+    """Clip to [0, 1] in the raw dtype: OpenVLA clips (and inverts) before its final float32 cast, which rounds
+    differently from casting first when a dataset stores float64."""
     tf = import_tensorflow()
-    return tf.clip_by_value(tf.cast(x, tf.float32), 0.0, 1.0)
+    return tf.clip_by_value(x, 0, 1)
 
 
 def quaternion_to_euler(quat_xyzw: Any) -> Any:
-    """Unit quaternion (x, y, z, w) -> roll, pitch, yaw (extrinsic x-y-z, i.e. R = Rz(yaw) Ry(pitch) Rx(roll)).
+    """Quaternion (x, y, z, w) -> Euler angles (roll about x, pitch about y, yaw about z; R = Rz Ry Rx).
 
-    Written out here so that the few Open-X datasets with quaternion actions need no tensorflow-graphics.
+    Restates, operation by operation and in the input's dtype, `tensorflow_graphics.geometry.transformation.
+    euler.from_quaternion` (release 2021.12.3, the one OpenVLA pins), so that the few Open-X datasets with
+    quaternion actions need no tensorflow-graphics yet get OpenVLA's numbers: the products are shrunk by
+    (1 - 2 machine eps), the atan2 denominators are nudged away from zero by 2 eps, and within 1e-6 of gimbal
+    lock (|r20| = 1) the whole rotation about x goes to roll, with pitch = +-pi/2 and yaw = 0.
     """
     tf = import_tensorflow()
-    q = tf.cast(quat_xyzw, tf.float32)
-    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    roll = tf.atan2(2.0 * (w * x + y * z), 1.0 - 2.0 * (x * x + y * y))
-    pitch = tf.asin(tf.clip_by_value(2.0 * (w * y - z * x), -1.0, 1.0))
-    yaw = tf.atan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
-    return tf.stack([roll, pitch, yaw], axis=-1)
+    q = tf.convert_to_tensor(quat_xyzw)
+    eps = 2.0 * float(np.finfo(q.dtype.as_numpy_dtype).eps)  # tfg's select_eps_for_addition
+    eps_t = tf.constant(eps, dtype=q.dtype)
+
+    def shrink(v: Any) -> Any:  # tfg's safe_shrink (its range assertion is off by default)
+        return v * (1.0 - eps_t)
+
+    def nonzero_sign(v: Any) -> Any:
+        one = tf.ones_like(v)
+        return tf.where(tf.greater_equal(v, 0.0), one, -one)
+
+    x, y, z, w = tf.unstack(q, axis=-1)
+    tx, ty, tz = shrink(2.0 * x), shrink(2.0 * y), shrink(2.0 * z)
+    twx, twy, twz = tx * w, ty * w, tz * w
+    txx, txy, txz = tx * x, ty * x, tz * x
+    tyy, tyz, tzz = ty * y, tz * y, tz * z
+    r00 = shrink(1.0 - (tyy + tzz))
+    r10 = shrink(txy + twz)
+    r21 = shrink(tyz + twx)
+    r22 = shrink(1.0 - (txx + tyy))
+    r20 = shrink(txz - twy)
+    r01 = shrink(txy - twz)
+    r02 = shrink(txz + twy)
+
+    # General case.
+    pitch = -tf.asin(r20)
+    sign_cos_pitch = nonzero_sign(tf.cos(pitch))
+    r00_safe = nonzero_sign(r00) * eps + r00
+    r22_safe = nonzero_sign(r22) * eps + r22
+    yaw = tf.atan2(r10 * sign_cos_pitch, r00_safe * sign_cos_pitch)
+    roll = tf.atan2(r21 * sign_cos_pitch, r22_safe * sign_cos_pitch)
+    general = tf.stack((roll, pitch, yaw), axis=-1)
+
+    # Gimbal lock.
+    sign_r20 = nonzero_sign(r20)
+    r02_safe = nonzero_sign(r02) * eps + r02
+    lock_roll = tf.atan2(-sign_r20 * r01, -sign_r20 * r02_safe)
+    lock_pitch = -sign_r20 * tf.constant(math.pi / 2.0, dtype=r20.dtype)
+    lock = tf.stack((lock_roll, lock_pitch, tf.zeros_like(lock_roll)), axis=-1)
+
+    is_lock = tf.less(tf.abs(tf.abs(r20) - 1.0), 1.0e-6)
+    return tf.where(tf.stack((is_lock, is_lock, is_lock), axis=-1), lock, general)
 
 
 def _rtx_action(action: dict[str, Any], gripper: Any) -> Any:
     """The RT-X action dict's world_vector (3) + rotation_delta (3) + a [T, 1] gripper column."""
     tf = import_tensorflow()
-    return tf.concat(
-        [action["world_vector"], action["rotation_delta"], tf.reshape(tf.cast(gripper, tf.float32), [-1, 1])],
-        axis=-1,
-    )
+    parts = [action["world_vector"], action["rotation_delta"], tf.reshape(gripper, [-1, 1])]
+    return tf.concat([tf.cast(part, tf.float32) for part in parts], axis=-1)
 
 
 def _instruction_from_observation(traj: Trajectory) -> Trajectory:
@@ -213,9 +258,14 @@ def _instruction_from_observation(traj: Trajectory) -> Trajectory:
 
 
 def _arm6_and_gripper(traj: Trajectory, gripper: Any) -> Trajectory:
-    """action := raw action[:, :6] + the given [T, 1] gripper column (1 = open)."""
+    """action := raw action[:, :6] + the given [T, 1] gripper column (1 = open), as float32.
+
+    Both parts are cast after they are computed (in the raw dtype), which gives OpenVLA's values: it concatenates
+    in the raw dtype and casts the whole action to float32 afterwards.
+    """
     tf = import_tensorflow()
-    traj["action"] = tf.concat([traj["action"][:, :6], tf.cast(gripper, tf.float32)], axis=-1)
+    arm = tf.cast(traj["action"][:, :6], tf.float32)
+    traj["action"] = tf.concat([arm, tf.cast(gripper, tf.float32)], axis=-1)
     return traj
 
 
@@ -547,13 +597,13 @@ def uiuc_d3field_transform(traj: Trajectory) -> Trajectory:
 
 @register_standardize_fn("berkeley_fanuc")
 def berkeley_fanuc_transform(traj: Trajectory) -> Trajectory:
-    """No gripper action is stored: use the gripper state (1 = closed), inverted."""
+    """No gripper action is stored: use the gripper state (1 = closed), inverted (in the raw dtype)."""
     tf = import_tensorflow()
     state = traj["observation"]["state"]
     traj["observation"]["joint_state"] = state[:, :6]
     traj["observation"]["gripper_state"] = state[:, 6:7]
-    gripper = invert_gripper_actions(tf.cast(state[:, 6:7], tf.float32))
-    traj["action"] = tf.concat([tf.cast(traj["action"], tf.float32), gripper], axis=-1)
+    gripper = invert_gripper_actions(state[:, 6:7])
+    traj["action"] = tf.concat([tf.cast(traj["action"], tf.float32), tf.cast(gripper, tf.float32)], axis=-1)
     return traj
 
 
