@@ -1,7 +1,9 @@
-r"""Convert a folder of your own episodes (one `.npz` or `.hdf5` file per episode) into an RLDS dataset.
+r"""Convert your own episodes (one `.npz` / `.hdf5` file each) or a LeRobot dataset into an RLDS dataset.
 
     python vla_scripts/convert_to_rlds.py --episodes_dir my_episodes/ --data_root_dir data/rlds \
         --name my_robot [--version 1.0.0] [--val_fraction 0.05] [--num_shards 4]
+    python vla_scripts/convert_to_rlds.py --lerobot_dir ~/.cache/huggingface/lerobot/lerobot/pusht \
+        --data_root_dir data/rlds --name pusht [--lerobot_cameras observation.image] [--val_fraction 0.05]
 
 Each episode file holds, per step t of T (same names in `.npz` arrays or `.hdf5` datasets at the file's root):
     image          uint8[T, H, W, 3]   main camera (required)
@@ -10,20 +12,27 @@ Each episode file holds, per step t of T (same names in `.npz` arrays or `.hdf5`
     action         float[T, A]         the action taken at step t (required)
     instruction    str                 the task in words (a 0-d string array / dataset, or an `.hdf5` attribute)
 
+A LeRobot dataset folder (codebase v2.1 or v3.0: meta/info.json, data/*.parquet, videos/*.mp4) is read by
+`prismatic/vla/datasets/rlds/lerobot.py`: its cameras, `observation.state`, `action` and per-frame task become the
+same fields (docs/lerobot.md).
+
 The result, `<data_root_dir>/<name>/<version>/`, is a standard RLDS tfds dataset (images JPEG-encoded; steps with
-`observation/{image, wrist_image, state}`, `action`, `language_instruction`, is_first / is_last / is_terminal /
-reward / discount; `episode_metadata/file_path`). Episodes are read one at a time, so the folder can be larger
-than memory. The script ends by printing the registry entry to add to `prismatic/vla/datasets/rlds/configs.py`;
-see docs/own_data.md for a worked example.
+`observation/{<cameras>, state}`, `action`, `language_instruction`, is_first / is_last / is_terminal / reward /
+discount; `episode_metadata/file_path`). Episodes are read one at a time, so the source can be larger than memory.
+The script ends by writing `<data_root_dir>/<name>/<name>_dataset.py`, a plugin file that registers the dataset:
+train with `--plugins <that file> --vla.data_mix <name>`. See docs/own_data.md and docs/lerobot.md.
 """
 
 # No `from __future__ import annotations`: with it, @dataclass needs this module in sys.modules, which a test
 # loading the file by path does not give; real annotations need nothing (Python >= 3.10).
+import json
 import logging
 import re
+import shutil
 import sys
+import textwrap
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,31 +135,40 @@ def _per_step_shapes(episode: dict[str, Any]) -> dict[str, tuple[int, ...] | Non
     return shapes
 
 
-def _check_like_first(episode: dict[str, Any], path: Path, first: dict[str, Any], first_path: Path) -> None:
-    """Every episode must have the first one's cameras and per-step shapes (they define the dataset's features)."""
-    mine, theirs = _per_step_shapes(episode), _per_step_shapes(first)
-    if mine == theirs:
+def _check_like_first(
+    episode: dict[str, Any], who: str, first: dict[str, tuple[int, ...] | None], first_who: str
+) -> None:
+    """Every episode must have the first one's cameras and per-step shapes (they define the dataset's features).
+
+    `who` names the episode ("Episode file '<path>'"), `first_who` the first one; `first` is its per-step shapes.
+    """
+    mine = _per_step_shapes(episode)
+    if mine == first:
         return
 
     def show(shapes: dict[str, tuple[int, ...] | None], key: str) -> str:
         return "absent" if shapes.get(key) is None else str(list(shapes[key]))
 
     differences = [
-        f"'{key}' {show(mine, key)} here, {show(theirs, key)} there"
-        for key in sorted(set(mine) | set(theirs))
-        if mine.get(key) != theirs.get(key)
+        f"'{key}' {show(mine, key)} here, {show(first, key)} there"
+        for key in sorted(set(mine) | set(first))
+        if mine.get(key) != first.get(key)
     ]
     raise ConfigError(
-        f"Episode file '{path}' does not match the first episode '{first_path}' (per-step shapes: "
-        f"{'; '.join(differences)}). All episodes of a dataset need the same cameras, image sizes, state and "
-        "action widths: resize or pad them before converting, or convert them as separate datasets."
+        f"{who} does not match the first episode {first_who} (per-step shapes: {'; '.join(differences)}). All "
+        "episodes of a dataset need the same cameras, image sizes, state and action widths: resize or pad them "
+        "before converting, or convert them as separate datasets."
     )
 
 
-def _to_rlds(episode: dict[str, Any], path: Path) -> dict[str, Any]:
+def _to_rlds(episode: dict[str, Any], file_path: str) -> dict[str, Any]:
     from prismatic.vla.datasets.rlds.writer import rlds_step_flags
 
     num_steps = len(episode["action"])
+    instruction = episode[
+        "instruction"
+    ]  # one text, or one per step (a LeRobot task that changes mid-episode)
+    instructions = [instruction] * num_steps if isinstance(instruction, str) else list(instruction)
     steps = []
     for t in range(num_steps):
         observation = {key: images[t] for key, images in episode["images"].items()}
@@ -160,11 +178,150 @@ def _to_rlds(episode: dict[str, Any], path: Path) -> dict[str, Any]:
             {
                 "observation": observation,
                 "action": episode["action"][t],
-                "language_instruction": episode["instruction"],
+                "language_instruction": instructions[t],
                 **rlds_step_flags(t, num_steps),
             }
         )
-    return {"steps": steps, "episode_metadata": {"file_path": str(path)}}
+    return {"steps": steps, "episode_metadata": {"file_path": file_path}}
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The episodes a conversion reads, in order: how to load, name and record each."""
+
+    count: int
+    load: Callable[[int], dict[str, Any]]  # i -> the episode dict of `load_episode`
+    who: Callable[[int], str]  # i -> how errors name it ("Episode file '<path>'")
+    first_who: str  # how "does not match the first episode ..." names the first one
+    file_path: Callable[[int], str]  # i -> its episode_metadata/file_path
+    description: str  # the dataset's tfds description
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What a conversion wrote: the version folder, and the features its plugin file describes."""
+
+    target: Path
+    image_keys: list[str]  # observation keys of the cameras, the primary camera first
+    state_dim: int | None
+    action_dim: int
+
+
+def _check_split_args(val_fraction: float, num_shards: int) -> None:
+    if not 0 <= val_fraction < 1:  # also refuses NaN
+        raise ConfigError(
+            f"--val_fraction {val_fraction} is outside [0, 1): it is the fraction of episodes held out for "
+            "validation (e.g. 0.05; 0 = none, training then holds out the last 5% of train)."
+        )
+    if num_shards < 1:
+        raise ConfigError(f"--num_shards {num_shards} must be at least 1 (tfrecord files per split).")
+
+
+def _write(
+    source: _Source,
+    data_root_dir: Path,
+    name: str,
+    *,
+    version: str,
+    val_fraction: float,
+    num_shards: int,
+    overwrite: bool,
+    primary: str | None = None,
+) -> Converted:
+    """Write `source`'s episodes as `<data_root_dir>/<name>/<version>` (see `convert`)."""
+    target = Path(data_root_dir) / name / version
+    if (target / "dataset_info.json").exists() and not overwrite:  # before reading any episode
+        raise ConfigError(
+            f"'{target}' already holds an RLDS dataset. Pass --overwrite to replace it (the old one is kept until "
+            "the new one is complete), or choose another --name or --version."
+        )
+    first_episode = source.load(0)
+    first = _per_step_shapes(first_episode)
+    image_keys = list(first_episode["images"])
+    if primary in image_keys:
+        image_keys.remove(primary)
+        image_keys.insert(0, primary)
+    state_dim = None if first["state"] is None else int(first["state"][0])
+    del first_episode  # only its shapes are kept: memory stays one episode
+
+    num_val = max(1, round(val_fraction * source.count)) if val_fraction > 0 else 0
+    if num_val >= source.count:
+        raise ConfigError(
+            f"--val_fraction {val_fraction} of {source.count} episode(s) leaves none for training; lower it or "
+            "add episodes."
+        )
+    splits = {"train": range(source.count - num_val)}
+    if num_val:
+        splits["val"] = range(source.count - num_val, source.count)
+    smallest = min(len(r) for r in splits.values())
+    if num_shards > smallest:
+        logger.warning(
+            "--num_shards %d is more than the %d episode(s) of the smallest split; writing %d shard(s) per split.",
+            num_shards,
+            smallest,
+            smallest,
+        )
+        num_shards = smallest
+
+    def make_features(tfds: Any) -> Any:
+        f = tfds.features
+        observation = {
+            key: f.Image(shape=first[key], dtype=np.uint8, encoding_format="jpeg") for key in image_keys
+        }
+        if first["state"] is not None:
+            observation["state"] = f.Tensor(shape=first["state"], dtype=np.float32)
+        step = {
+            "observation": f.FeaturesDict(observation),
+            "action": f.Tensor(shape=first["action"], dtype=np.float32),
+            "language_instruction": f.Text(),
+            **rlds_step_features(f),
+        }
+        return f.FeaturesDict(
+            {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
+        )
+
+    def episodes(split: str) -> Iterator[dict[str, Any]]:
+        for i in splits[split]:
+            episode = source.load(i)
+            _check_like_first(episode, source.who(i), first, source.first_who)
+            yield _to_rlds(episode, source.file_path(i))
+
+    from prismatic.vla.datasets.rlds.writer import rlds_step_features, write_rlds_dataset
+
+    target = write_rlds_dataset(
+        data_root_dir,
+        name,
+        make_features,
+        {split: (lambda s=split: episodes(s)) for split in splits},
+        version=version,
+        num_shards=num_shards,
+        description=source.description,
+        overwrite=overwrite,
+        keep_existing=False,
+    )
+    return Converted(target, image_keys, state_dim, int(first["action"][0]))
+
+
+def _episode_files_source(episodes_dir: Path) -> _Source:
+    episodes_dir = Path(episodes_dir)
+    if not episodes_dir.is_dir():
+        raise ConfigError(f"--episodes_dir '{episodes_dir}' does not exist or is not a folder.")
+    paths = sorted(p for p in episodes_dir.iterdir() if p.suffix in EPISODE_SUFFIXES)
+    if not paths:
+        raise ConfigError(f"No {'/'.join(EPISODE_SUFFIXES)} episode files in '{episodes_dir}'.")
+    return _Source(
+        count=len(paths),
+        load=lambda i: load_episode(paths[i]),
+        who=lambda i: f"Episode file '{paths[i]}'",
+        first_who=f"'{paths[0]}'",
+        file_path=lambda i: str(paths[i]),
+        description=f"Converted from {episodes_dir} by vla_scripts/convert_to_rlds.py.",
+    )
+
+
+def _convert_episode_files(episodes_dir: Path, data_root_dir: Path, name: str, **kwargs: Any) -> Converted:
+    _check_split_args(kwargs["val_fraction"], kwargs["num_shards"])
+    return _write(_episode_files_source(episodes_dir), data_root_dir, name, primary="image", **kwargs)
 
 
 def convert(
@@ -188,107 +345,260 @@ def convert(
         ConfigError: a bad argument, no episode files, an episode file that is unreadable, incomplete or unlike
             the first (named), or an existing `<name>/<version>/` without `overwrite`.
     """
-    if not 0 <= val_fraction < 1:  # also refuses NaN
-        raise ConfigError(
-            f"--val_fraction {val_fraction} is outside [0, 1): it is the fraction of episodes held out for "
-            "validation (e.g. 0.05; 0 = none, training then holds out the last 5% of train)."
-        )
-    if num_shards < 1:
-        raise ConfigError(f"--num_shards {num_shards} must be at least 1 (tfrecord files per split).")
-    episodes_dir = Path(episodes_dir)
-    if not episodes_dir.is_dir():
-        raise ConfigError(f"--episodes_dir '{episodes_dir}' does not exist or is not a folder.")
-    paths = sorted(p for p in episodes_dir.iterdir() if p.suffix in EPISODE_SUFFIXES)
-    if not paths:
-        raise ConfigError(f"No {'/'.join(EPISODE_SUFFIXES)} episode files in '{episodes_dir}'.")
-    target = Path(data_root_dir) / name / version
-    if (target / "dataset_info.json").exists() and not overwrite:  # before reading any episode
-        raise ConfigError(
-            f"'{target}' already holds an RLDS dataset. Pass --overwrite to replace it (the old one is kept until "
-            "the new one is complete), or choose another --name or --version."
-        )
-    first = load_episode(paths[0])
-    num_val = max(1, round(val_fraction * len(paths))) if val_fraction > 0 else 0
-    if num_val >= len(paths):
-        raise ConfigError(
-            f"--val_fraction {val_fraction} of {len(paths)} episode(s) leaves none for training; lower it or add "
-            "episodes."
-        )
-    splits_paths = {"train": paths[: len(paths) - num_val]}
-    if num_val:
-        splits_paths["val"] = paths[len(paths) - num_val :]
-    smallest = min(len(p) for p in splits_paths.values())
-    if num_shards > smallest:
-        logger.warning(
-            "--num_shards %d is more than the %d episode(s) of the smallest split; writing %d shard(s) per split.",
-            num_shards,
-            smallest,
-            smallest,
-        )
-        num_shards = smallest
+    kwargs = {
+        "version": version,
+        "val_fraction": val_fraction,
+        "num_shards": num_shards,
+        "overwrite": overwrite,
+    }
+    return _convert_episode_files(episodes_dir, data_root_dir, name, **kwargs).target
 
-    def make_features(tfds: Any) -> Any:
-        f = tfds.features
-        observation = {
-            key: f.Image(shape=images.shape[1:], dtype=np.uint8, encoding_format="jpeg")
-            for key, images in first["images"].items()
-        }
-        if first["state"] is not None:
-            observation["state"] = f.Tensor(shape=first["state"].shape[1:], dtype=np.float32)
-        step = {
-            "observation": f.FeaturesDict(observation),
-            "action": f.Tensor(shape=first["action"].shape[1:], dtype=np.float32),
-            "language_instruction": f.Text(),
-            **rlds_step_features(f),
-        }
-        return f.FeaturesDict(
-            {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
-        )
 
-    def episodes(split: str) -> Iterator[dict[str, Any]]:
-        for path in splits_paths[split]:
-            episode = load_episode(path)
-            _check_like_first(episode, path, first, paths[0])
-            yield _to_rlds(episode, path)
+def _convert_lerobot(
+    lerobot_dir: Path, data_root_dir: Path, name: str, *, cameras: Sequence[str] | None = None, **kwargs: Any
+) -> tuple[Converted, Any]:
+    from prismatic.vla.datasets.rlds.lerobot import open_lerobot
 
-    from prismatic.vla.datasets.rlds.writer import rlds_step_features, write_rlds_dataset
-
-    return write_rlds_dataset(
-        data_root_dir,
-        name,
-        make_features,
-        {split: (lambda s=split: episodes(s)) for split in splits_paths},
-        version=version,
-        num_shards=num_shards,
-        description=f"Converted from {episodes_dir} by vla_scripts/convert_to_rlds.py.",
-        overwrite=overwrite,
-        keep_existing=False,
+    _check_split_args(kwargs["val_fraction"], kwargs["num_shards"])
+    lerobot = open_lerobot(Path(lerobot_dir), cameras)
+    refs = lerobot.episodes
+    source = _Source(
+        count=len(refs),
+        load=lambda i: lerobot.load_episode(refs[i]),
+        who=lambda i: lerobot.describe(refs[i]).capitalize(),
+        first_who=f"(episode {refs[0].index})",
+        file_path=lambda i: f"{refs[i].data_file}#episode_index={refs[i].index}",
+        description=f"Converted from the LeRobot {lerobot.version} dataset {lerobot.root} by "
+        "vla_scripts/convert_to_rlds.py.",
     )
+    primary = lerobot.observation_keys[lerobot.cameras[0]]
+    return _write(source, data_root_dir, name, primary=primary, **kwargs), lerobot
 
 
-def registry_entry(name: str, image_keys: list[str], has_state: bool) -> str:
-    """The `register_dataset(...)` call that makes the converted dataset usable (printed for the user)."""
-    wrist = next((k for k in image_keys if "wrist" in k), None)
-    state = '("state",)' if has_state else "(None,) * 8"
+def convert_lerobot(
+    lerobot_dir: Path,
+    data_root_dir: Path,
+    name: str,
+    *,
+    cameras: Sequence[str] | None = None,
+    version: str = "1.0.0",
+    val_fraction: float = 0.0,
+    num_shards: int = 1,
+    overwrite: bool = False,
+) -> Path:
+    """Convert the LeRobot dataset folder `lerobot_dir` (codebase v2.1 or v3.0); return the version folder.
+
+    Episodes are converted in episode_index order, the last ones held out as in `convert`. `cameras` picks and
+    orders the LeRobot camera features (default: every RGB one, in meta/info.json's order; the first is the
+    primary camera). See `prismatic.vla.datasets.rlds.lerobot` for what is read and how.
+
+    Raises:
+        ConfigError: as `convert`, and for a folder that is not a LeRobot dataset of a supported version, a
+            missing file or column, an unknown camera (all named).
+    """
+    kwargs = {
+        "version": version,
+        "val_fraction": val_fraction,
+        "num_shards": num_shards,
+        "overwrite": overwrite,
+    }
+    return _convert_lerobot(lerobot_dir, data_root_dir, name, cameras=cameras, **kwargs)[0].target
+
+
+# ==========================================================================================================
+# The plugin file that registers the converted dataset
+# ==========================================================================================================
+
+ACTION_DIMS = {7: "EEF_POS", 8: "JOINT_POS"}  # the pipeline's action encodings (configs.ACTION_DIM)
+
+
+def camera_slots(image_keys: Sequence[str]) -> dict[str, str | None]:
+    """The config's camera views: the first key is the primary camera, the first other key naming "wrist" the
+    wrist camera, the first remaining one the secondary camera (only the primary one is read in training)."""
+    rest = list(image_keys[1:])
+    wrist = next((k for k in rest if "wrist" in k), None)
+    secondary = next((k for k in rest if k != wrist), None)
+    return {"primary": image_keys[0] if image_keys else None, "secondary": secondary, "wrist": wrist}
+
+
+def standardize_fn_id(name: str, action_dim: int) -> str:
+    """The plugin's standardize_fn: "identity" for 7 or 8 action dimensions (and for more, which the plugin
+    refuses), else the padding function it defines."""
+    return "identity" if action_dim in ACTION_DIMS or action_dim > 8 else f"{name}_pad_actions"
+
+
+def registry_entry(
+    name: str, image_keys: Sequence[str], state_dim: int | None, action_dim: int, *, lerobot: bool = False
+) -> str:
+    """The `register_dataset(...)` call that makes the converted dataset usable (in its plugin file, and printed)."""
+    slots = ", ".join(
+        f'"{view}": {"None" if key is None else json.dumps(key)}'
+        for view, key in camera_slots(image_keys).items()
+    )
+    encoding = ACTION_DIMS.get(action_dim, "JOINT_POS")
+    width = 7 if encoding == "EEF_POS" else 8
+    if state_dim is None:
+        state = "(None,) * 8,  # no state in the data: 8 zero columns (proprio is off unless you turn it on)"
+        state_encoding = "NONE"
+    else:
+        state = f'("state",),  # observation/state, {state_dim} numbers per step'
+        state_encoding = "JOINT" if lerobot else "POS_EULER"
+    if encoding == "EEF_POS":
+        action_note = "action = xyz delta, rpy delta, gripper (1 = open)"
+    elif action_dim == 8:
+        action_note = "action = 7 joint targets + gripper"
+    else:
+        action_note = f"{action_dim} action numbers, padded to 8 by {standardize_fn_id(name, action_dim)}()"
+    if action_dim > 8:
+        action_note = f"{action_dim} action numbers: map them onto 7 or 8 first (see the raise above)"
+    masks = ""
+    if lerobot:
+        # LeRobot robots' grippers are usually positions, not OpenVLA's 0 / 1 command, and their actions usually
+        # absolute targets: normalise every dimension, and treat all as absolute when padding chunks past the end.
+        masks = (
+            f"\n        action_normalization_mask=(True,) * {width},  # every dimension (a gripper position too)"
+            f"\n        absolute_action_mask=(True,) * {width},  # absolute targets (set False for deltas)"
+        )
     return f"""register_dataset(
     RLDSDatasetConfig(
         name="{name}",
-        image_obs_keys=_cams("image", None, {f'"{wrist}"' if wrist else None}),
-        state_obs_keys={state},
-        state_encoding=StateEncoding.POS_EULER,  # or POS_QUAT / JOINT / NONE: what your state holds
-        action_encoding=ActionEncoding.EEF_POS,  # action = xyz delta, rpy delta, gripper (1 = open)
-        standardize_fn="identity",  # or your own @register_standardize_fn in transforms.py
+        image_obs_keys={{{slots}}},
+        state_obs_keys={state}
+        state_encoding=StateEncoding.{state_encoding},  # metadata: POS_EULER / POS_QUAT / JOINT / NONE
+        action_encoding=ActionEncoding.{encoding},  # {action_note}
+        standardize_fn="{standardize_fn_id(name, action_dim)}",  # or your own @register_standardize_fn{masks}
     )
 )"""
 
 
+def dataset_plugin(
+    name: str,
+    image_keys: Sequence[str],
+    state_dim: int | None,
+    action_dim: int,
+    *,
+    data_root_dir: Path,
+    origin: str,
+    mapping: Sequence[str],
+    lerobot: bool = False,
+) -> str:
+    """The text of `<data_root_dir>/<name>/<name>_dataset.py`: a plugin file registering the converted dataset.
+
+    Actions of 7 or 8 dimensions are registered as they are (EEF_POS / JOINT_POS, standardize_fn "identity");
+    fewer are padded to 8 by a standardisation function the file defines (zeros before the last dimension, the
+    gripper, as JOINT_POS pads joints); more than 8 fit no encoding the pipeline has, so the file then raises a
+    `ConfigError` saying what to edit.
+    """
+    path = Path(data_root_dir) / name / f"{name}_dataset.py"
+    mapped = "\n".join(f"    {line}" for line in mapping)
+    head = f'''"""Registers the RLDS dataset `{name}`, which vla_scripts/convert_to_rlds.py converted from
+{origin}.
+
+Every script reads it through this file, e.g.
+    torchrun --standalone --nnodes 1 --nproc-per-node 1 vla_scripts/train.py --vla.type <preset> \\
+        --plugins {path} --vla.data_mix {name} --data_root_dir {data_root_dir} --run_root_dir runs
+
+What the conversion mapped:
+{mapped}
+
+Edit it as you need (encodings, normalisation, a standardisation function): converting again with --overwrite
+keeps an edited copy as {name}_dataset.py.bak.
+"""
+'''
+    names = ["ActionEncoding", "RLDSDatasetConfig", "StateEncoding", "register_dataset"]
+    if standardize_fn_id(name, action_dim) != "identity":
+        names.append("register_standardize_fn")
+    imports = "from prismatic.vla.datasets.rlds import (\n" + "".join(f"    {n},\n" for n in names) + ")"
+    entry = registry_entry(name, image_keys, state_dim, action_dim, lerobot=lerobot)
+    if action_dim > 8:
+        message = (
+            f"{path}: dataset '{name}' has {action_dim}-dim actions, but the training pipeline's action encodings "
+            "have 7 (ActionEncoding.EEF_POS) or 8 (ActionEncoding.JOINT_POS). Edit this file: register a "
+            "standardisation function (@register_standardize_fn) that maps the actions onto one of them, name it "
+            "in the entry below, and delete this raise."
+        )
+        wrapped = textwrap.wrap(message, 96)
+        lines = "".join(
+            f"    {json.dumps(line + ' ' * (i < len(wrapped) - 1))}\n" for i, line in enumerate(wrapped)
+        )
+        return (
+            head
+            + f"""
+from prismatic.util.errors import ConfigError
+
+raise ConfigError(
+{lines})
+
+{imports.replace("(", "(  # noqa: E402", 1)}
+
+{entry}
+"""
+        )
+    if standardize_fn_id(name, action_dim) == "identity":
+        return head + f"\n{imports}\n\n{entry}\n"
+    pad = 8 - action_dim
+    return (
+        head
+        + f'''
+from prismatic.util.tf import import_tensorflow
+
+{imports}
+
+
+@register_standardize_fn("{standardize_fn_id(name, action_dim)}")
+def {name}_pad_actions(traj):
+    """{action_dim} action numbers -> the 8 of ActionEncoding.JOINT_POS: {pad} zeros before the last one (the gripper,
+    if the robot has one), as joint layouts pad unused joints. Predicted actions then hold 8 numbers; the
+    robot's are `np.concatenate([action[:{action_dim - 1}], action[7:]])`."""
+    tf = import_tensorflow()
+    action = traj["action"]
+    zeros = tf.zeros([tf.shape(action)[0], {pad}], action.dtype)
+    traj["action"] = tf.concat([action[:, :-1], zeros, action[:, -1:]], axis=1)
+    return traj
+
+
+{entry}
+'''
+    )
+
+
+def write_dataset_plugin(data_root_dir: Path, name: str, text: str) -> Path | None:
+    """Write `<data_root_dir>/<name>/<name>_dataset.py`; an existing, different one is kept as `.bak`.
+
+    Nothing is written (None is returned, with a warning) when `name` is already a registered dataset (built in,
+    or from --plugins): a second registration of the name would fail.
+    """
+    from prismatic.util.files import write_text_atomic
+    from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS
+
+    path = Path(data_root_dir) / name / f"{name}_dataset.py"
+    if name in DATASET_CONFIGS:
+        logger.warning(
+            "Dataset '%s' is already registered (built in, or by --plugins), so no plugin file was written to %s: "
+            "training uses that registration, which must match the converted features.",
+            name,
+            path,
+        )
+        return None
+    if path.is_file() and path.read_text() != text:
+        shutil.copy2(path, path.with_name(path.name + ".bak"))
+        logger.warning("%s differed from the new plugin file; the old one is kept as %s.bak", path, path.name)
+    return write_text_atomic(path, text, "dataset plugin file")
+
+
 @dataclass
 class ConvertConfig:
-    """Flags of this script (example above)."""
+    """Flags of this script (examples above)."""
 
-    episodes_dir: Path  # folder of .npz / .hdf5 episode files, one per episode
-    data_root_dir: Path  # where <name>/<version>/ is written
+    data_root_dir: Path  # where <name>/<version>/ (and the plugin file <name>/<name>_dataset.py) is written
     name: str  # dataset name: lowercase letters, digits and underscores, starting with a letter
+    episodes_dir: Path | None = (
+        None  # folder of .npz / .hdf5 episode files, one per episode (or --lerobot_dir)
+    )
+    lerobot_dir: Path | None = None  # a LeRobot dataset folder, v2.1 or v3.0 (meta/info.json, data/, videos/)
+    lerobot_cameras: list[str] | None = (
+        None  # LeRobot cameras to keep, the primary first (default: all RGB ones)
+    )
     version: str = "1.0.0"  # dataset version, major.minor.patch
     val_fraction: float = 0.0  # fraction of episodes (the last ones) held out as the val split, in [0, 1)
     num_shards: int = 1  # tfrecord files per split (>= 1)
@@ -303,27 +613,76 @@ class ConvertConfig:
             )
         if not re.fullmatch(r"\d+\.\d+\.\d+", self.version):
             raise ConfigError(f"--version '{self.version}' is not major.minor.patch, e.g. 1.0.0.")
+        if (self.episodes_dir is None) == (self.lerobot_dir is None):
+            given = "neither" if self.episodes_dir is None else "both"
+            raise ConfigError(
+                f"Pass exactly one of --episodes_dir (a folder of .npz / .hdf5 episode files) and --lerobot_dir (a "
+                f"LeRobot dataset folder holding meta/info.json); got {given}."
+            )
+        if self.lerobot_cameras is not None and self.lerobot_dir is None:
+            raise ConfigError(
+                "--lerobot_cameras picks the cameras of a LeRobot dataset: it needs --lerobot_dir. Episode files "
+                "name their cameras by their arrays ('image', '*_image')."
+            )
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
-    """Parse the flags (`--help` lists them), convert, print the registry entry; a mistake exits 2."""
+    """Parse the flags (`--help` lists them), convert, write the dataset's plugin file; a mistake exits 2."""
     cfg = parse_config(ConvertConfig, argv, doc=__doc__)
-    target = convert(
-        cfg.episodes_dir,
-        cfg.data_root_dir,
+    kwargs = {
+        "version": cfg.version,
+        "val_fraction": cfg.val_fraction,
+        "num_shards": cfg.num_shards,
+        "overwrite": cfg.overwrite,
+    }
+    if cfg.lerobot_dir is not None:
+        converted, lerobot = _convert_lerobot(
+            cfg.lerobot_dir, cfg.data_root_dir, cfg.name, cameras=cfg.lerobot_cameras, **kwargs
+        )
+        origin = f"the LeRobot {lerobot.version} dataset '{lerobot.root}'"
+        mapping = [
+            f"{camera} ({lerobot.features[camera]['dtype']}) -> observation/{lerobot.observation_keys[camera]}"
+            for camera in lerobot.cameras
+        ]
+        if lerobot.state_dim is not None:
+            mapping.append(f"observation.state [{lerobot.state_dim}] -> observation/state")
+        mapping += [
+            f"action [{lerobot.action_dim}] -> action",
+            "task_index (its task text) -> language_instruction",
+        ]
+    else:
+        converted = _convert_episode_files(cfg.episodes_dir, cfg.data_root_dir, cfg.name, **kwargs)
+        origin = f"the episode files of '{cfg.episodes_dir}'"
+        mapping = [f"{key} -> observation/{key}" for key in converted.image_keys]
+        if converted.state_dim is not None:
+            mapping.append(f"state [{converted.state_dim}] -> observation/state")
+        mapping += [f"action [{converted.action_dim}] -> action", "instruction -> language_instruction"]
+    dims = (converted.image_keys, converted.state_dim, converted.action_dim)
+    lerobot_source = cfg.lerobot_dir is not None
+    text = dataset_plugin(
         cfg.name,
-        version=cfg.version,
-        val_fraction=cfg.val_fraction,
-        num_shards=cfg.num_shards,
-        overwrite=cfg.overwrite,
+        *dims,
+        data_root_dir=cfg.data_root_dir,
+        origin=origin,
+        mapping=mapping,
+        lerobot=lerobot_source,
     )
-    first = load_episode(sorted(p for p in cfg.episodes_dir.iterdir() if p.suffix in EPISODE_SUFFIXES)[0])
-    print(f"wrote {target}")
-    print(
-        f"Add this entry to prismatic/vla/datasets/rlds/configs.py, then train with --vla.data_mix {cfg.name}"
-    )
-    print(registry_entry(cfg.name, list(first["images"]), first["state"] is not None))
+    plugin = write_dataset_plugin(cfg.data_root_dir, cfg.name, text)
+    print(f"wrote {converted.target}")
+    if plugin is not None:
+        print(
+            f"wrote {plugin}, which registers the dataset: train on it with\n"
+            f"    --plugins {plugin} --vla.data_mix {cfg.name} --data_root_dir {cfg.data_root_dir}\n"
+            "Its entry (edit the file if your actions or state are laid out otherwise):"
+        )
+    if converted.action_dim > 8:
+        logger.warning(
+            "The actions have %d dimensions; the training pipeline's encodings have 7 or 8. The plugin file "
+            "refuses to load until you add a standardisation function mapping them (see the file).",
+            converted.action_dim,
+        )
+    print(registry_entry(cfg.name, *dims, lerobot=lerobot_source))
     return 0
 
 

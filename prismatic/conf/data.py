@@ -44,13 +44,21 @@ class DataOptions:
             drops the frames whose chunk would run past the end (OpenVLA-OFT's `chunk_act_obs`).
     """
 
-    statistics_split: str = "all"
-    skip_unlabeled: bool = True
-    nonfinite: str = "error"
-    load_proprio: bool = False
-    unused_dims: str = "zero"
-    zero_action_bounds: str = "openvla"
-    chunk_end: str = "pad"
+    statistics_split: str = "all"  # all (every split, as OpenVLA) or train (the frames training reads)
+    skip_unlabeled: bool = (
+        True  # drop trajectories whose instructions are all empty (OpenVLA's skip_unlabeled)
+    )
+    nonfinite: str = (
+        "error"  # NaN / inf in action or proprio: error (name the episode) or drop (those frames)
+    )
+    load_proprio: bool = False  # frames carry proprio (the config's state keys) and it gets real statistics
+    unused_dims: str = (
+        "zero"  # min == max dims -> 0: zero (all, OpenVLA) or zero_normalized (normalised dims)
+    )
+    zero_action_bounds: str = (
+        "openvla"  # DROID idle-frame filter bounds: openvla (its constants) or statistics
+    )
+    chunk_end: str = "pad"  # chunks past an episode's end: pad (OpenVLA) or drop those frames (OpenVLA-OFT)
 
     def __post_init__(self) -> None:
         for name, choices in (

@@ -125,7 +125,9 @@ def _openvla_order(root: Path, name: str, split: str = "all") -> list[dict[str, 
     """The episodes as OpenVLA's statistics pass reads them: dlimp's `from_rlds(builder, split, shuffle=False)`,
     i.e. tfds with an AUTOTUNE file interleave (records of several files alternate in blocks). Read with tfds
     directly; float32 sums depend on this order."""
-    import tensorflow as tf
+    from prismatic.util.tf import import_tensorflow
+
+    tf = import_tensorflow()
     import tensorflow_datasets as tfds
 
     builder = tfds.builder_from_directory(str(root / name / "1.0.0"))
@@ -325,8 +327,7 @@ def test_chunks_pad_in_normalised_space_or_drop(parity_root: tuple[Path, dict]) 
 
 
 def test_zero_action_filter_as_openvlas_droid_filter() -> None:
-    import tensorflow as tf
-
+    from prismatic.util.tf import import_tensorflow
     from prismatic.vla.datasets.rlds.dataset import _drop_zero_action_frames, zero_action_reference
 
     q01 = np.array([-0.7776297926902771, -0.5803514122962952, -0.5795090794563293, -0.6464047729969025,
@@ -341,6 +342,7 @@ def test_zero_action_filter_as_openvlas_droid_filter() -> None:
     chunks[3, 1, 4] -= 1e-3  # the chunk's second action moves: kept
     chunks[0, :, 6] = 0.0  # the gripper does not count: dropped
     dims, reference = zero_action_reference({}, DATASET_CONFIGS["droid"], "openvla")
+    tf = import_tensorflow()
     traj = {"action": tf.constant(chunks), "index": tf.range(4)}
     kept = _drop_zero_action_frames(traj, dims, reference)
     assert kept["index"].numpy().tolist() == [1, 3]
