@@ -84,24 +84,33 @@ def run_data_mix(checkpoint: Path) -> str | None:
     return data_mix if isinstance(data_mix, str) else None
 
 
-def resolve_data_options(cfg: EvaluateConfig) -> DataOptions:
-    """`--data.*` when any differs from the defaults, else the run's own (config.json "data"), else defaults."""
+def resolve_data_options(cfg: EvaluateConfig, given: frozenset[str] = frozenset()) -> DataOptions:
+    """The run's own data options (config.json "data"), with the `--data.*` flags given on the command line
+    (`given`: their field names) laid over them; the defaults (OpenVLA's) where the run does not say."""
     from prismatic.models.checkpoint_format import run_folder_of
 
     local = _local_checkpoint(cfg.checkpoint)
-    if cfg.data != DataOptions() or local is None:
-        return cfg.data
-    try:
-        saved = json.loads((run_folder_of(local) / "config.json").read_text()).get("data")
-    except (OSError, ValueError, AttributeError):
-        return cfg.data
+    saved = None
+    if local is not None:
+        try:
+            saved = json.loads((run_folder_of(local) / "config.json").read_text()).get("data")
+        except (OSError, ValueError, AttributeError):
+            saved = None
     if not isinstance(saved, dict):
         return cfg.data
+    fields = DataOptions().to_dict()
+    merged = {k: v for k, v in saved.items() if k in fields}
+    merged.update({k: getattr(cfg.data, k) for k in given})
     try:
-        return DataOptions(**saved)
-    except (TypeError, ConfigError):
-        logger.warning("The run's data options %s are not understood; using the defaults.", saved)
+        return DataOptions(**merged)
+    except ConfigError:
+        logger.warning("The run's data options %s are not understood; using the flags and defaults.", saved)
         return cfg.data
+
+
+def given_data_flags(argv: list[str]) -> frozenset[str]:
+    """Field names of the `--data.*` flags on a command line."""
+    return frozenset(a[len("--data.") :].split("=", 1)[0] for a in argv if a.startswith("--data."))
 
 
 def default_out_path(checkpoint: str, split: str) -> Path:
@@ -159,7 +168,7 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
+def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Load, evaluate this rank's shard, combine ranks; rank 0 prints the table and writes the JSON.
 
     Collective under torchrun (every rank calls it). Returns the report (on every rank).
@@ -196,7 +205,7 @@ def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
             cfg.split,
         )
         # Statistics (needed to normalise labels) are computed once per node if not cached yet.
-        options = resolve_data_options(cfg)
+        options = resolve_data_options(cfg, data_flags)
         run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, data_mix, options=options), dist_info)
         summary = evaluate(
             policy,
@@ -238,7 +247,7 @@ def evaluate_checkpoint(cfg: EvaluateConfig) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and evaluate; a mistake exits 2 in one paragraph, once per node."""
     cfg = parse_config(EvaluateConfig, argv, doc=__doc__)
-    evaluate_checkpoint(cfg)
+    evaluate_checkpoint(cfg, given_data_flags(list(sys.argv[1:] if argv is None else argv)))
     return 0
 
 

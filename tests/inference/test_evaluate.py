@@ -233,3 +233,29 @@ def test_dataset_without_statistics_is_named(policy_run: Path, toy_data_root: Pa
     assert check_unnorm_keys(policy, stats, "ds_b", data_mix="toy") == 7
     with pytest.raises(PolicyInputError, match="nope"):
         check_unnorm_keys(policy, stats, "nope", data_mix="toy")
+
+
+def test_evaluation_uses_the_runs_data_options_with_given_flags_on_top(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from prismatic.conf.data import DataOptions
+
+    spec = importlib.util.spec_from_file_location("evaluate_script", EVALUATE)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses resolve their module while defined
+    spec.loader.exec_module(script)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"data": {"statistics_split": "train", "load_proprio": True}})
+    )
+    argv = ["--checkpoint", str(run), "--data_root_dir", str(tmp_path), "--data.skip_unlabeled", "false"]
+    cfg = script.parse_config(script.EvaluateConfig, argv)
+    options = script.resolve_data_options(cfg, script.given_data_flags(argv))
+    # The run's two choices are kept, the one flag given is laid over them, the rest are the defaults.
+    assert options == DataOptions(statistics_split="train", load_proprio=True, skip_unlabeled=False)
+    assert script.resolve_data_options(cfg, frozenset()) == DataOptions(
+        statistics_split="train", load_proprio=True
+    )

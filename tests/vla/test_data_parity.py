@@ -160,6 +160,21 @@ def _proprio(a: dict) -> np.ndarray:
     )
 
 
+def _quantile_numpy1(x: np.ndarray, q: float) -> np.ndarray:
+    """np.quantile(x, q, axis=0) of float32 data under NumPy 1.x (OpenVLA's pinned NumPy): neighbours'
+    difference in float32, then interpolated in float64 (its `_lerp`, from the upper neighbour when the weight is
+    >= 0.5). Pinned to NumPy 1.26.4's own output by `test_quantiles_are_numpy1s`."""
+    columns = np.sort(x, axis=0)
+    position = (x.shape[0] - 1) * q
+    i = int(position)
+    weight = position - i
+    lower, upper = columns[i], columns[min(i + 1, len(columns) - 1)]
+    step = (upper - lower).astype(np.float64)
+    if weight >= 0.5:
+        return upper.astype(np.float64) - step * (1 - weight)
+    return lower.astype(np.float64) + step * weight
+
+
 def _openvla_summary(x: np.ndarray) -> dict[str, list[float]]:
     """OpenVLA's get_dataset_statistics on a float32 [N, D] array."""
     return {
@@ -167,9 +182,39 @@ def _openvla_summary(x: np.ndarray) -> dict[str, list[float]]:
         "std": x.std(0).tolist(),
         "max": x.max(0).tolist(),
         "min": x.min(0).tolist(),
-        "q01": np.quantile(x, 0.01, axis=0).tolist(),
-        "q99": np.quantile(x, 0.99, axis=0).tolist(),
+        "q01": _quantile_numpy1(x, 0.01).tolist(),
+        "q99": _quantile_numpy1(x, 0.99).tolist(),
     }
+
+
+# np.quantile(x, q, axis=0) printed by NumPy 1.26.4 (float64 results) for the array of `_golden_array`.
+NUMPY1_GOLDEN = {
+    0.01: [
+        "-0x1.9af2c75c28f5cp-1",
+        "-0x1.7c4cbd851eb85p+1",
+        "-0x1.bfb3ddae147aep-7",
+        "-0x1.6666673333333p+3",
+    ],
+    0.99: ["0x1.e8121970a3d72p-2", "0x1.98a7c9d70a3d7p+1", "0x1.e7460a8f5c28fp-7", "0x1.4f3b6451eb852p+3"],
+}
+
+
+def _golden_array() -> np.ndarray:
+    rng = np.random.RandomState(3)  # the legacy generator: the same numbers under NumPy 1 and 2
+    x = (rng.standard_normal((37, 4)) * np.array([0.3, 1.7, 0.01, 5.0])).astype(np.float32)
+    x[:, 3] = np.round(x[:, 3], 1)  # ties
+    return x
+
+
+def test_quantiles_are_numpy1s() -> None:
+    from prismatic.vla.datasets.rlds.statistics import numpy1_quantile
+
+    x = _golden_array()
+    for q, golden in NUMPY1_GOLDEN.items():
+        expected = [float.fromhex(h) for h in golden]
+        assert numpy1_quantile(x, q).tolist() == expected
+        assert _quantile_numpy1(x, q).tolist() == expected
+        assert np.quantile(x, q, axis=0).tolist() != expected  # NumPy 2's float32 result differs
 
 
 def _openvla_normalize(x: np.ndarray, stats: dict, mask: np.ndarray) -> np.ndarray:
@@ -215,7 +260,7 @@ def test_statistics_train_only_and_without_proprio(parity_root: tuple[Path, dict
     train_only = compute_dataset_statistics(root, NAME, options=DataOptions(statistics_split="train"))
     action = _concat(_openvla_order(root, NAME, "train"), "action")
     assert train_only["num_transitions"] == 22 and train_only["num_trajectories"] == 4
-    assert train_only["action"]["q99"] == np.quantile(action, 0.99, axis=0).tolist()
+    assert train_only["action"]["q99"] == _quantile_numpy1(action, 0.99).tolist()
     # Without proprio (OpenVLA's VLA training: load_proprio=False) its statistics are those of zeros_like(action).
     assert train_only["proprio"] == {k: [0.0] * 7 for k in ("mean", "std", "max", "min", "q01", "q99")}
 
@@ -391,8 +436,7 @@ def test_nan_stops_statistics_naming_the_episode_or_is_dropped(nan_root: tuple[P
     action = _concat(_openvla_order(root, NAN_NAME), "action")
     action = action[np.isfinite(action).all(1)]
     assert (
-        stats["num_transitions"] == 29
-        and stats["action"]["q01"] == np.quantile(action, 0.01, axis=0).tolist()
+        stats["num_transitions"] == 29 and stats["action"]["q01"] == _quantile_numpy1(action, 0.01).tolist()
     )
     assert all(np.isfinite(v).all() for v in stats["action"].values())
 
@@ -444,3 +488,21 @@ def test_read_trajectories_gives_standardised_steps_with_ids(parity_root: tuple[
         assert traj["language_instruction"] == [EPISODES["val"][i][1]] * EPISODES["val"][i][0]
     with pytest.raises(ConfigError, match="valid choices are train, val, all"):
         next(read_trajectories(root, NAME, split="test"))
+
+
+def test_a_dataset_with_no_labeled_trajectory_is_an_error(tmp_path: Path, monkeypatch) -> None:
+    """OpenVLA's filter would leave nothing and training would wait forever: say so instead."""
+    from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+    from prismatic.vla.datasets.rlds.writer import write_rlds_dataset
+
+    name = "parity_unlabeled"
+    monkeypatch.setitem(DATASET_CONFIGS, name, dataclasses.replace(CONFIG, name=name))
+    arrays = {("train", i): _episode_arrays("train", i, n) for i, (n, _) in enumerate(EPISODES["train"])}
+    monkeypatch.setitem(EPISODES, "train", [(n, "") for n, _ in EPISODES["train"]])
+    write_rlds_dataset(tmp_path, name, _features, {"train": lambda: _episodes("train", arrays)})
+    with pytest.raises(
+        ConfigError, match="all 4 trajectories have only empty instructions.*skip_unlabeled false"
+    ):
+        make_interleaved_dataset(tmp_path, name, **RES)
+    kept = make_interleaved_dataset(tmp_path, name, options=DataOptions(skip_unlabeled=False), **RES)
+    assert next(kept.dataset.as_numpy_iterator())["task"]["language_instruction"] == b""

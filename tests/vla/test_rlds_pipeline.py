@@ -167,3 +167,13 @@ def test_rlds_dataset_yields_exactly_the_pipelines_frames(toy_data_root: Path) -
             mine["observation"]["image_primary"], theirs["observation"]["image_primary"]
         )
         assert "proprio" not in mine["observation"]
+
+
+def test_epoch_length_is_openvlas(toy_data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prismatic.vla.datasets.rlds import mixtures
+
+    monkeypatch.setitem(mixtures.MIXTURES, "toy_half", [("toy_pick_place", 1.0), ("toy_push", 0.5)])
+    pipeline = make_interleaved_dataset(toy_data_root, "toy_half", train=False, **PIPELINE)
+    # Sizes 560 and 448 (every split); balanced weights 560 : 224 of 784. OpenVLA's length counts frames until
+    # the weight-1.0 dataset is seen once: 560 / (560 / 784) = 784, not 560 + 448.
+    assert pipeline.num_transitions == 1008 and pipeline.dataset_length == 784

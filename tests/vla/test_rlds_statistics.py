@@ -126,9 +126,14 @@ def test_statistics_are_cached_and_reused(toy_data_root: Path, monkeypatch: pyte
     monkeypatch.setattr(dataset_module, "compute_statistics", no_recompute)
     assert make_interleaved_dataset(toy_data_root, name, **PIPELINE).dataset_statistics[name] == first
 
-    # A different config is a different hash: the statistics are computed again, into a new file.
+    # Config fields the numbers do not depend on (normalisation type, masks) reuse the cache...
     monkeypatch.undo()
     changed = dataclasses.replace(DATASET_CONFIGS[name], action_normalization_type=NormalizationType.NORMAL)
+    monkeypatch.setitem(DATASET_CONFIGS, name, changed)
+    make_interleaved_dataset(toy_data_root, name, **PIPELINE)
+    assert set(dataset_dir.glob("dataset_statistics_*.json")) == set(cached)
+    # ... one they depend on (the state keys) is a different hash: computed again, into a new file.
+    changed = dataclasses.replace(DATASET_CONFIGS[name], state_obs_keys=("state", None))
     monkeypatch.setitem(DATASET_CONFIGS, name, changed)
     make_interleaved_dataset(toy_data_root, name, **PIPELINE)
     assert len(set(dataset_dir.glob("dataset_statistics_*.json")) - set(cached)) == 1

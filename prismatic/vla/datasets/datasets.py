@@ -302,8 +302,8 @@ class RLDSDataset(IterableDataset):
     """Infinite (train) or single-pass (val) stream of transformed frames for one rank.
 
     Deterministic for (seed, rank, world_size): every `iter()` restarts the same stream at `start_sample` (or at
-    the frame given to `resume_from`). `len()` is the number of train transitions in the mixture, summed over its
-    datasets (one mixture epoch, across all ranks). `dataset_statistics` holds every dataset's statistics in
+    the frame given to `resume_from`). `len()` is OpenVLA's dataset length, one mixture epoch across all ranks
+    (`RLDSPipeline.dataset_length`: the summed transitions when every weight is 1.0). `dataset_statistics` holds every dataset's statistics in
     OpenVLA's layout (save it with `save_dataset_statistics`; inference needs it to un-normalise actions).
     """
 
@@ -357,6 +357,7 @@ class RLDSDataset(IterableDataset):
         self.dataset_statistics = pipeline.dataset_statistics
         self.sample_weights = pipeline.sample_weights
         self.num_transitions = pipeline.num_transitions
+        self.dataset_length = pipeline.dataset_length
         self.shuffle_buffer_gb = pipeline.shuffle_buffer_gb
         self.dataset_dirs = pipeline.dataset_dirs
         self._from_sample = pipeline.from_sample
@@ -547,7 +548,7 @@ class RLDSDataset(IterableDataset):
         return _Stream(groups, start_sample, frames_consumed=frames, group=group)
 
     def __len__(self) -> int:
-        return self.num_transitions
+        return self.dataset_length
 
     def __getitem__(self, index: int) -> Any:
         raise TypeError("RLDSDataset is an IterableDataset; iterate over it instead of indexing.")

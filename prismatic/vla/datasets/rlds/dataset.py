@@ -114,7 +114,11 @@ class RLDSPipeline:
         dataset: the `tf.data.Dataset` of frames (see module docstring); infinite when training.
         dataset_statistics: {dataset_name: statistics in OpenVLA's layout, with `action.mask`}.
         sample_weights: {dataset_name: probability that a frame comes from it}.
-        num_transitions: train transitions summed over the mixture (one "epoch" of the mixture).
+        num_transitions: transitions of the statistics split (every split by default, as OpenVLA), summed over
+            the mixture.
+        dataset_length: OpenVLA's dataset length (one "epoch"): frames drawn until every dataset of weight 1.0
+            has been seen once in expectation, `max(num_transitions_i / sample_weight_i)` over those datasets
+            (all datasets when none has weight 1.0); the sum of transitions when all weights are 1.0.
         shuffle_buffer_gb: estimated host memory (GiB) of the full shuffle buffer; 0 when not training.
         dataset_dirs: the dataset folders read; iterate `dataset` inside `tfrecord_errors(dataset_dirs)` to have
             a damaged file named.
@@ -126,6 +130,7 @@ class RLDSPipeline:
     dataset_statistics: dict[str, dict[str, Any]]
     sample_weights: dict[str, float]
     num_transitions: int
+    dataset_length: int = 0
     shuffle_buffer_gb: float = 0.0
     dataset_dirs: list[Path] = field(default_factory=list)
     from_sample: Callable[[int], Any] | None = None
@@ -278,7 +283,16 @@ def _episode_to_trajectory(episode: dict[str, Any]) -> dict[str, Any]:
     """RLDS episode -> trajectory: steps as [T, ...] tensors, other episode fields broadcast to T under
     `traj_metadata` (so that standardisation functions can slice every leaf along time)."""
     tf = import_tensorflow()
-    steps = episode["steps"].batch(2**31 - 1).get_single_element()
+    batched = episode["steps"].batch(2**31 - 1)
+    # An episode with no steps batches to nothing: give it one element of zero-length tensors (OpenVLA reads and
+    # counts such episodes too) instead of failing on an empty dataset.
+    empty = tf.data.Dataset.from_tensors(
+        tf.nest.map_structure(
+            lambda spec: tf.zeros([0, *[d or 0 for d in spec.shape.as_list()[1:]]], spec.dtype),
+            batched.element_spec,
+        )
+    )
+    steps = batched.concatenate(empty).take(1).get_single_element()
     num_steps = tf.shape(tf.nest.flatten(steps)[0])[0]
     metadata = {k: v for k, v in episode.items() if k != "steps"}
     steps["traj_metadata"] = tf.nest.map_structure(lambda x: tf.repeat(x[None], num_steps, axis=0), metadata)
@@ -313,7 +327,7 @@ def _restructure(
         if image.dtype != tf.string:
             raise ValueError(f"{config.name}: image '{image_key}' must be an encoded tfds Image feature.")
     observation = {"image_primary": image}
-    if options.load_proprio:
+    if options.load_proprio and config.state_obs_keys:  # OpenVLA: no state keys, no proprio
         observation["proprio"] = proprio_of(obs, config, num_steps)
 
     language = traj[config.language_key]
@@ -486,8 +500,8 @@ def dataset_statistics(
     counts = statistics.get(COUNTS_FIELD, {})
     if counts.get("unlabeled_trajectories") and options.skip_unlabeled:
         logger.info(
-            "Dataset '%s': %d of %d trajectories (split '%s') have only empty instructions; training skips "
-            "them (--data.skip_unlabeled false keeps them).",
+            "Dataset '%s': %d of %d trajectories of split '%s' (the statistics split) have only empty "
+            "instructions; training and validation skip them (--data.skip_unlabeled false keeps them).",
             config.name,
             counts["unlabeled_trajectories"],
             statistics["num_trajectories"],
@@ -890,6 +904,14 @@ def make_interleaved_dataset(
         builder = load_builder(dataset_dir)
         stats = dataset_statistics(builder, dataset_dir, config, options, recompute=recompute_stats)
         statistics[config.name] = with_action_mask(stats, config)
+        counts = stats.get(COUNTS_FIELD, {})
+        if options.skip_unlabeled and counts.get("unlabeled_trajectories") == stats["num_trajectories"]:
+            raise ConfigError(
+                f"Dataset '{config.name}': all {stats['num_trajectories']} trajectories have only empty "
+                "instructions, and unlabeled trajectories are skipped (as OpenVLA does), so it would yield no "
+                "frames and training would wait forever. Check its language key (config "
+                f"'{config.language_key}') and standardize_fn, or pass --data.skip_unlabeled false."
+            )
 
         split = _split_name(builder, train)
         num_trajectories = int(builder.info.splits[split].num_examples)
@@ -932,20 +954,25 @@ def make_interleaved_dataset(
             drop_idle = functools.partial(_drop_zero_action_frames, dims=dims, reference=reference)
             trajectories = trajectories.map(drop_idle, num_parallel_calls=calls)
         if options.load_proprio:
-            proprio_widths[config.name] = trajectories.element_spec["observation"]["proprio"].shape[-1]
+            spec = trajectories.element_spec["observation"].get("proprio")
+            proprio_widths[config.name] = None if spec is None else spec.shape[-1]
         # `unbatch` (not `flat_map(from_tensor_slices)`): same frames, less per-frame overhead (~15% more frames/s).
         datasets.append(trajectories.unbatch())
     if len(set(proprio_widths.values())) > 1:
         widths = ", ".join(f"{name}: {width}" for name, width in proprio_widths.items())
         raise ConfigError(
             f"Datasets of mixture '{data_mix}' have proprio vectors of different widths ({widths}; each is its "
-            "config's state_obs_keys concatenated, one zero per None), so their frames cannot be batched together "
+            "config's state_obs_keys concatenated, one zero per None; None: no state keys), so their frames cannot be batched together "
             "with --data.load_proprio true. Train them separately, give their configs state keys of one width, or "
             "leave proprio out (--data.load_proprio false, the default)."
         )
 
     sizes = [statistics[c.name]["num_transitions"] for c in configs]
-    weights = balance_sample_weights([w for _, w, _ in members], sizes)
+    raw_weights = [w for _, w, _ in members]
+    weights = balance_sample_weights(raw_weights, sizes)
+    # OpenVLA's `make_interleaved_dataset`: the "primary" datasets are those of weight 1.0.
+    primary = [i for i, w in enumerate(raw_weights) if w == 1.0] or list(range(len(sizes)))
+    dataset_length = int((np.asarray(sizes, np.float64) / np.asarray(weights))[primary].max())
     shuffle_buffer_gb = 0.0
     if train:
         mean_frame_bytes = float(np.dot(weights, frame_bytes))
@@ -1021,6 +1048,7 @@ def make_interleaved_dataset(
         dataset_statistics=statistics,
         sample_weights={c.name: float(w) for c, w in zip(configs, weights, strict=True)},
         num_transitions=int(sum(sizes)),
+        dataset_length=dataset_length,
         shuffle_buffer_gb=shuffle_buffer_gb,
         dataset_dirs=[dataset_dir for _, _, dataset_dir in members],
         from_sample=from_sample,

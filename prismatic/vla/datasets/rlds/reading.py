@@ -75,7 +75,7 @@ def read_trajectories(
     with tfrecord_errors([dataset_dir]):
         for traj in trajectories.as_numpy_iterator():
             yield {
-                "episode_id": traj["episode_id"][0].decode(),
+                "episode_id": traj["episode_id"][0].decode() if len(traj["episode_id"]) else "",
                 "timestep": traj["observation"]["timestep"],
                 "action": traj["action"],
                 "proprio": traj["observation"]["proprio"],

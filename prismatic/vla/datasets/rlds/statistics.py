@@ -1,8 +1,9 @@
 """Per-dataset action / proprio statistics as OpenVLA computes them, cached beside the data.
 
 OpenVLA (`get_dataset_statistics`) concatenates every step's float32 action / proprio and takes NumPy's
-`mean(0)`, `std(0)`, `max(0)`, `min(0)` and `quantile(0.01 / 0.99, axis=0)` of those float32 arrays (float32
-results, float32 accumulation in reading order); `compute_statistics` makes the same calls on the same arrays.
+`mean(0)`, `std(0)`, `max(0)`, `min(0)` (float32 results, float32 accumulation in reading order) and
+`quantile(0.01 / 0.99, axis=0)` of those arrays under its pinned NumPy 1.x (float64 results: `numpy1_quantile`);
+`compute_statistics` computes the same on the same arrays.
 Which frames: every split ("all") by default, as OpenVLA (`DataOptions.statistics_split`).
 
 The cache file is `<data_root>/<name>/<version>/dataset_statistics_<hash>.json`, where the hash covers everything
@@ -37,9 +38,12 @@ from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig
 logger = logging.getLogger(__name__)
 
 # Bump when the statistics computation changes, so old caches are not reused.
-STATS_FORMAT = 3  # 3: OpenVLA's float32 NumPy reductions, every split by default, file-based cache key
+STATS_FORMAT = (
+    4  # 4: OpenVLA's reductions (NumPy 1.x quantiles), every split by default, file-based cache key
+)
 FALLBACK_CACHE_DIR = Path("~/.cache/prismatic")
 STAT_KEYS = ("mean", "std", "max", "min", "q01", "q99")
+STATISTICS_CONFIG_FIELDS = ("name", "state_obs_keys", "action_encoding", "standardize_fn", "language_key")
 CACHE_KEY_FIELD = "_cache_key"  # our bookkeeping inside a cache file; not part of OpenVLA's layout
 COUNTS_FIELD = "_counts"  # frames / trajectories the pipeline treats specially, for the log
 DATA_FILE_SUFFIXES = (".json", ".tfrecord")
@@ -70,7 +74,8 @@ def statistics_cache_key(
         "format": STATS_FORMAT,
         "name": config.name,
         "version": version,
-        "config": config.to_json_dict(),
+        # Only what the numbers depend on: a changed mask or normalisation type must not cost an OXE-scale pass.
+        "config": {k: v for k, v in config.to_json_dict().items() if k in STATISTICS_CONFIG_FIELDS},
         "standardize_fn": dict(standardize_fn),
         "data_files": data_files,
         "options": dict(options),
@@ -124,15 +129,33 @@ def _check_finite(values: np.ndarray, dataset_name: str, split: str, episode: st
         )
 
 
+def numpy1_quantile(values: np.ndarray, q: float) -> np.ndarray:
+    """`np.quantile(values, q, axis=0)` of a float32 [N, D] array as NumPy 1.x computes it (OpenVLA pins
+    tensorflow 2.15, hence NumPy < 2): the neighbours' difference in float32, the interpolation in float64, a
+    float64 result. NumPy 2 interpolates and returns float32, which moves q01 / q99 in their last bits and so
+    some normalised values and action tokens. Method "linear" (NumPy >= 1.22's `_lerp`)."""
+    n = values.shape[0]
+    ordered = np.sort(values, axis=0)
+    virtual = np.float64(n - 1) * np.float64(q)
+    below = int(np.floor(virtual))
+    above = min(below + 1, n - 1)
+    gamma = np.array([virtual - below], np.float64)  # an array, as NumPy 1.x had it: float64 promotion
+    low, high = ordered[below], ordered[above]
+    diff = high - low  # float32
+    if gamma[0] >= 0.5:
+        return high - diff * (1 - gamma)
+    return low + diff * gamma
+
+
 def _summary(values: np.ndarray) -> dict[str, list[float]]:
-    """OpenVLA's reductions of a float32 [N, D] array, as lists of floats."""
+    """OpenVLA's reductions of a float32 [N, D] array (under its NumPy 1.x), as lists of floats."""
     return {
         "mean": values.mean(0).tolist(),
         "std": values.std(0).tolist(),
         "max": values.max(0).tolist(),
         "min": values.min(0).tolist(),
-        "q01": np.quantile(values, 0.01, axis=0).tolist(),
-        "q99": np.quantile(values, 0.99, axis=0).tolist(),
+        "q01": numpy1_quantile(values, 0.01).tolist(),
+        "q99": numpy1_quantile(values, 0.99).tolist(),
     }
 
 
@@ -179,12 +202,10 @@ def compute_statistics(
             action, proprio = action[keep], proprio[keep]
         if "language_instruction" in traj and not any(len(s) for s in traj["language_instruction"]):
             unlabeled += 1
-        if action.shape[0] == 0:
-            continue
+        num_trajectories += 1  # every trajectory read, an empty one too (OpenVLA counts them alike)
         actions.append(action)
         proprios.append(proprio)
-        num_trajectories += 1
-    if not actions:
+    if not sum(len(a) for a in actions):
         raise ConfigError(
             f"Dataset '{dataset_name}': cannot compute statistics of split '{split}': it has no steps."
         )
