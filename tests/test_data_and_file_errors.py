@@ -266,6 +266,15 @@ def test_resume_as_another_experiment_is_refused(caplog: pytest.LogCaptureFixtur
         check(data_mix="toy_push")
     with pytest.raises(ConfigError, match="--vla.base_vlm other \\(the checkpoint's run used tiny-vit"):
         check(base_vlm="other")
+    with pytest.raises(
+        ConfigError, match="--data.statistics_split train \\(the checkpoint's run used all\\)"
+    ):
+        check_resume_compatible(
+            {**saved, "data.statistics_split": "all"},
+            {**saved, "data.statistics_split": "train"},
+            path=path,
+            allow_config_change=False,
+        )
     with caplog.at_level(logging.WARNING):
         changes = check(allow=True, vla_id="tiny-icy+mx-toy", seed=8)
     assert len(changes) == 2 and "--allow_config_change" in caplog.text

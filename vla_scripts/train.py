@@ -115,6 +115,7 @@ def run_identity(cfg: TrainConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "data_mix": cfg.vla.data_mix,
         "base_vlm": cfg.vla.base_vlm,
+        **{f"data.{name}": value for name, value in cfg.data.to_dict().items()},
     }
 
 

@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from prismatic.conf.data import DataOptions
 from prismatic.models.checkpoint_format import (
     CHECKPOINTS_DIR,
     FORMAT_VERSION,
@@ -83,6 +84,8 @@ IDENTITY_KEYS = {
     "seed": "--seed",
     "data_mix": "--vla.data_mix",
     "base_vlm": "--vla.base_vlm",
+    # The data options decide the statistics and the frames (prismatic/conf/data.py).
+    **{f"data.{name}": f"--data.{name}" for name in DataOptions().to_dict()},
 }
 
 
