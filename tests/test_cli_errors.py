@@ -317,6 +317,43 @@ CASES = [
         ("--data_root_dir '{tmp}/nope' does not exist",),
     ),
     Case(
+        "plugin-file-missing",
+        "dataset_stats",
+        ("--plugins", "{tmp}/no_such_plugin.py", "--data_root_dir", "{tmp}/empty", "--data_mix", "toy"),
+        ("Plugin file", "{tmp}/no_such_plugin.py", "does not exist"),
+    ),
+    Case(
+        "plugin-file-missing-evaluate",
+        "evaluate",
+        (
+            "--plugins",
+            "{tmp}/no_such_plugin.py",
+            "--checkpoint",
+            "{tmp}/runs/done",
+            "--data_root_dir",
+            "{tmp}/empty",
+        ),
+        ("Plugin file", "{tmp}/no_such_plugin.py", "does not exist"),
+    ),
+    Case(
+        "data-option-choice",
+        "dataset_stats",
+        ("--data_root_dir", "{tmp}/empty", "--data_mix", "toy", "--data.statistics_split", "val"),
+        ("--data.statistics_split 'val' is not one of the valid choices: all, train",),
+    ),
+    Case(
+        "convert-no-source",
+        "convert_to_rlds",
+        ("--data_root_dir", "{tmp}/out", "--name", "my_robot"),
+        ("Pass exactly one of --episodes_dir",),
+    ),
+    Case(
+        "convert-lerobot-version",
+        "convert_to_rlds",
+        ("--lerobot_dir", "{tmp}/lerobot_v20", "--data_root_dir", "{tmp}/out", "--name", "my_robot"),
+        ('has codebase_version "v2.0"', "v2.1 or v3.0"),
+    ),
+    Case(
         "convert-name",
         "convert_to_rlds",
         ("--episodes_dir", "{tmp}/empty", "--data_root_dir", "{tmp}/out", "--name", "My Robot"),
@@ -428,6 +465,10 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "unknown_field.yaml").write_text("vla:\n  type: tiny+mx-toy\n  learning_rat: 0.001\n")
     (tmp / "vla_scalar.yaml").write_text("vla: tiny+mx-toy\n")
     (tmp / "unknown_preset.yaml").write_text("vla:\n  type: tiny+mx-tyo\n")
+    (tmp / "lerobot_v20" / "meta").mkdir(parents=True)
+    (tmp / "lerobot_v20" / "meta" / "info.json").write_text(
+        json.dumps({"codebase_version": "v2.0", "fps": 10})
+    )
     # A run with one (stand-in) complete checkpoint: DCP's metadata file and the train state.
     checkpoint = tmp / "runs" / "done" / "checkpoints" / "step-000002-epoch-00"
     checkpoint.mkdir(parents=True)

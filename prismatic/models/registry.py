@@ -134,7 +134,15 @@ def import_plugins(argv: list[str]) -> list[str]:
         else:
             rest.append(arg)
         i += 1
+    from pathlib import Path
+
     names = [n.strip() for n in names if n.strip()]
+    for name in names:  # a missing file is refused in a second, before TensorFlow loads
+        if name.endswith(".py") and not Path(name).expanduser().is_file():
+            raise ConfigError(
+                f"Plugin file '{name}' (from --plugins / ${PLUGINS_ENV}) does not exist. Pass the path of a "
+                "Python file that registers datasets, mixtures or models, or an importable module name."
+            )
     if names:
         # A plugin may import TensorFlow (a dataset's standardisation function): load torch, torchvision and
         # TensorFlow in the one order that does not crash the process first (`prismatic/util/tf.py`).
