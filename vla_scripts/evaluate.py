@@ -68,18 +68,20 @@ def _looks_like_path(checkpoint: str) -> bool:
     return checkpoint.endswith(".pt") or checkpoint.startswith(("/", ".", "~")) or checkpoint.count("/") > 2
 
 
-def run_data_mix(checkpoint: Path) -> str | None:
-    """The mixture the run was trained on (`vla.data_mix` of its config.json), if it says."""
+def run_config(checkpoint: Path) -> dict[str, Any]:
+    """The run folder's config.json as a dict ({} when there is none or it is not a JSON object)."""
     from prismatic.models.checkpoint_format import run_folder_of
 
-    config_file = run_folder_of(checkpoint) / "config.json"
-    if not config_file.is_file():
-        return None
     try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError:
-        return None
-    vla = config.get("vla") if isinstance(config, dict) else None
+        config = json.loads((run_folder_of(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def run_data_mix(checkpoint: Path) -> str | None:
+    """The mixture the run was trained on (`vla.data_mix` of its config.json), if it says."""
+    vla = run_config(checkpoint).get("vla")
     data_mix = vla.get("data_mix") if isinstance(vla, dict) else None
     return data_mix if isinstance(data_mix, str) else None
 
@@ -87,15 +89,8 @@ def run_data_mix(checkpoint: Path) -> str | None:
 def resolve_data_options(cfg: EvaluateConfig, given: frozenset[str] = frozenset()) -> DataOptions:
     """The run's own data options (config.json "data"), with the `--data.*` flags given on the command line
     (`given`: their field names) laid over them; the defaults (OpenVLA's) where the run does not say."""
-    from prismatic.models.checkpoint_format import run_folder_of
-
     local = _local_checkpoint(cfg.checkpoint)
-    saved = None
-    if local is not None:
-        try:
-            saved = json.loads((run_folder_of(local) / "config.json").read_text()).get("data")
-        except (OSError, ValueError, AttributeError):
-            saved = None
+    saved = run_config(local).get("data") if local is not None else None
     if not isinstance(saved, dict):
         return cfg.data
     fields = DataOptions().to_dict()
