@@ -25,6 +25,7 @@ if typing.TYPE_CHECKING:
 
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
 TRAIN_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp")
+ACTION_HEADS = ("tokens", "l1-chunk")  # prismatic/models/action_heads.py registers one head per name
 
 
 @dataclass
@@ -43,6 +44,14 @@ class VLAConfig(ChoiceRegistry):
     # Data
     data_mix: str = "bridge"  # mixture or dataset name (prismatic/vla/datasets/rlds/mixtures.py)
     shuffle_buffer_size: int = 256_000  # frames held by the frame-level shuffle buffer (per rank, >= 1)
+
+    # Action representation (prismatic/models/action_heads.py). "tokens": OpenVLA's 256-bin action tokens,
+    # decoded one dimension per forward. "l1-chunk": OpenVLA-OFT's recipe, a chunk of `chunk_size` continuous
+    # actions predicted in one forward (parallel decoding) by an MLP on the LLM's last hidden states, L1 loss.
+    action_head: str = "tokens"  # tokens or l1-chunk
+    chunk_size: int = 1  # actions predicted per forward (the current one and chunk_size - 1 future ones)
+    use_proprio: bool = False  # feed the normalised proprio state through a projector into the sequence
+    num_images: int = 1  # camera views per frame: the primary image, then the dataset's wrist image(s)
 
     # Optimisation
     epochs: int = 1000  # passes over the data; used when max_steps is null
@@ -70,6 +79,7 @@ class VLAConfig(ChoiceRegistry):
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
+    cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
 
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
@@ -117,6 +127,7 @@ class VLAConfig(ChoiceRegistry):
         for name, value, choices in (
             ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
             ("train_strategy", self.train_strategy, TRAIN_STRATEGIES),
+            ("action_head", self.action_head, ACTION_HEADS),
         ):
             if value not in choices:
                 raise ConfigError(
@@ -130,6 +141,8 @@ class VLAConfig(ChoiceRegistry):
             "expected_world_size",
             "shuffle_buffer_size",
             "lora_rank",
+            "chunk_size",
+            "num_images",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -153,6 +166,18 @@ class VLAConfig(ChoiceRegistry):
             raise ConfigError(
                 f"--vla.lora_alpha={self.lora_alpha} is out of range: it must be a finite number > 0 (or null for "
                 "min(lora_rank, 16))."
+            )
+
+        if self.action_head == "tokens" and self.chunk_size != 1:
+            raise ConfigError(
+                f"--vla.chunk_size={self.chunk_size} needs a chunk head: the 'tokens' head predicts one action "
+                "per forward. Pass --vla.action_head l1-chunk (OpenVLA-OFT's recipe) or --vla.chunk_size 1."
+            )
+        if self.cpu_offload and not self.train_strategy.startswith("fsdp"):
+            raise ConfigError(
+                f"--vla.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not "
+                f"--vla.train_strategy {self.train_strategy}. Valid choices with offload: "
+                f"{', '.join(s for s in TRAIN_STRATEGIES if s.startswith('fsdp'))}."
             )
 
     def validate(self, world_size: int) -> None:
