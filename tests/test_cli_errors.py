@@ -248,6 +248,12 @@ CASES = [
         (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--vla.data_mix", "tyo"),
         ("Unknown dataset mixture 'tyo'", "Did you mean 'toy'?"),
     ),
+    Case(  # assumes no CUDA device, like the whole suite (with one, it fails later, at the empty data root)
+        "cpu-offload-without-cuda",
+        "train",
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--vla.cpu_offload", "true"),
+        ("--vla.cpu_offload true needs CUDA GPUs", "Run without it"),
+    ),
     # --- export_hf.py / merge_lora.py ---------------------------------------------------------------------------
     Case(
         "export-missing-required",

@@ -27,7 +27,7 @@ from typing import Any
 from prismatic.conf.train import ResumePoint, TrainConfig
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
-from prismatic.util.files import check_dir_writable, make_dirs, write_text_atomic
+from prismatic.util.files import check_dir_writable, make_dirs, write_json_atomic, write_text_atomic
 from prismatic.util.redact import redact_config
 
 logger = logging.getLogger("vla_scripts.train")
@@ -115,6 +115,10 @@ def run_identity(cfg: TrainConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "data_mix": cfg.vla.data_mix,
         "base_vlm": cfg.vla.base_vlm,
+        "action_head": cfg.vla.action_head,
+        "chunk_size": cfg.vla.chunk_size,
+        "use_proprio": cfg.vla.use_proprio,
+        "num_images": cfg.vla.num_images,
         **{f"data.{name}": value for name, value in cfg.data.to_dict().items()},
     }
 
@@ -127,8 +131,12 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from prismatic.models.action_heads import get_action_head
-    from prismatic.models.checkpoint_format import checkpoint_dir_name, load_checkpoint_file
+    from prismatic.models.action_heads import build_action_head
+    from prismatic.models.checkpoint_format import (
+        ACTION_MODEL_FILE,
+        checkpoint_dir_name,
+        load_checkpoint_file,
+    )
     from prismatic.models.distributed_init import load_on_rank0
     from prismatic.training.checkpointing import (
         CheckpointManager,
@@ -151,6 +159,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         RLDSDataset,
         save_dataset_statistics,
     )
+    from prismatic.vla.datasets.datasets import views_for
     from prismatic.vla.datasets.rlds import mixture_statistics
 
     # --- set up: processes, config checks, run folder ---------------------------------------------------------
@@ -227,8 +236,12 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         tokenizer,
         vlm.vision_backbone.get_image_transform(),
         vlm.llm_backbone.prompt_builder_fn,
+        views=views_for(cfg.vla.num_images),
+        use_proprio=cfg.vla.use_proprio,
     )
     resize = tuple(vlm.vision_backbone.default_image_resolution[1:])
+    # Frames carry the head's chunk (the current action and chunk_size - 1 future ones) and the camera views.
+    stream_kwargs = stream_options(cfg)
     dataset = RLDSDataset(
         cfg.data_root_dir,
         cfg.vla.data_mix,
@@ -241,7 +254,13 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         rank=dist_info.rank,
         world_size=dist_info.world_size,
         options=cfg.data,
+        **stream_kwargs,
     )
+    # The action side of the model follows from the data: the action width and the proprio width.
+    spec = action_spec(cfg, dataset.dataset_statistics)
+    vlm.attach_action_modules(spec)
+    head = build_action_head(spec, action_tokenizer, vlm.num_prefix_tokens)
+    batch_transform.layout = head.layout
     # Every rank continues its own stream at the same share of the frames consumed so far.
     rank_frames = frames // dist_info.world_size
     if frames % dist_info.world_size:
@@ -263,7 +282,8 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         dataset.shuffle_buffer_gb,
     )
     max_length = min(
-        tokenizer.model_max_length, vlm.llm_backbone.llm.config.max_position_embeddings - vlm.num_patches
+        tokenizer.model_max_length,
+        vlm.llm_backbone.llm.config.max_position_embeddings - vlm.num_prefix_tokens,
     )
     collator = PaddedCollatorForActionPrediction(max_length, tokenizer.pad_token_id)
     steps_per_epoch = max(1, len(dataset) // cfg.vla.global_batch_size)
@@ -317,6 +337,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
             resumed_at=None if resume is None else checkpoint_dir_name(resume.step, resume.epoch),
         )
         save_dataset_statistics(dataset.dataset_statistics, run_dir)
+        write_json_atomic(run_dir / ACTION_MODEL_FILE, spec.to_dict(), "the model's action spec")
     dist.barrier()
 
     def save(blocking: bool) -> Path:
@@ -346,13 +367,13 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
             collator,
             per_device_batch_size=cfg.vla.per_device_batch_size,
             num_batches=cfg.eval.num_batches,
-            action_tokenizer=action_tokenizer,
-            num_patches=vlm.num_patches,
+            head=head,
             rank=dist_info.rank,
             world_size=dist_info.world_size,
             seed=cfg.seed,
             device=dist_info.device,
             options=cfg.data,
+            stream_kwargs=stream_kwargs,
         )
 
         def validate() -> dict[str, float]:
@@ -378,7 +399,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         num_workers=0,
         pin_memory=dist_info.device.type == "cuda",
     )
-    metrics = StepMetrics(sorted(dataset.dataset_statistics), action_tokenizer, dist_info.device)
+    metrics = StepMetrics(sorted(dataset.dataset_statistics), head, dist_info.device)
     plan = LoopPlan(
         start_step=start_step,
         num_training_steps=num_training_steps,
@@ -398,7 +419,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
             )
             last = train_loop(
                 strategy,
-                get_action_head("tokens"),
+                head,
                 iter(loader),
                 metrics,
                 trackers,
@@ -428,19 +449,50 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     if dist_info.is_main and (run_dir / METRICS_FILE).exists():
         records = read_metrics(run_dir)
         first = records[0]
-        logger.info(
-            "Done after %d steps: loss %.4f -> %.4f, action accuracy %.3f -> %.3f, L1 %.4f -> %.4f. Run: %s",
-            num_training_steps,
-            first["loss"],
-            last["loss"],
-            first["action_accuracy"],
-            last["action_accuracy"],
-            first["l1_loss"],
-            last["l1_loss"],
-            run_dir,
+        changes = ", ".join(
+            f"{name.replace('_', ' ')} {first[name]:.4f} -> {last[name]:.4f}"
+            for name in ("loss", "action_accuracy", "l1_loss")
+            if name in first and name in last
         )
+        logger.info("Done after %d steps: %s. Run: %s", num_training_steps, changes, run_dir)
     destroy_distributed()
     return last
+
+
+def stream_options(cfg: TrainConfig) -> dict[str, Any]:
+    """`RLDSDataset` keywords the action side decides: the chunk window and, beyond one camera, the views."""
+    from prismatic.vla.datasets.datasets import views_for
+
+    options: dict[str, Any] = {"future_action_window_size": cfg.vla.chunk_size - 1}
+    if cfg.vla.num_images > 1:
+        options["image_views"] = views_for(cfg.vla.num_images)
+    return options
+
+
+def action_spec(cfg: TrainConfig, statistics: dict[str, Any]) -> Any:
+    """The model's `ActionSpec`: the head and chunk from the flags, the action and proprio widths from the data.
+
+    Raises:
+        ConfigError: the mixture's datasets have actions (or proprio) of different widths.
+    """
+    from prismatic.models.action_heads import ActionSpec
+
+    def width(key: str) -> int:
+        widths = {name: len(stats[key]["q01"]) for name, stats in statistics.items() if key in stats}
+        if len(set(widths.values())) != 1:
+            raise ConfigError(
+                f"The datasets of mixture '{cfg.vla.data_mix}' have {key} vectors of different widths ({widths}); "
+                "one model predicts one width: train them separately."
+            )
+        return next(iter(widths.values()))
+
+    return ActionSpec(
+        head=cfg.vla.action_head,
+        chunk_size=cfg.vla.chunk_size,
+        action_dim=width("action"),
+        proprio_dim=width("proprio") if cfg.vla.use_proprio else 0,
+        num_images=cfg.vla.num_images,
+    )
 
 
 def export_final(checkpoint: Path, run_dir: Path, is_main: bool) -> None:
@@ -471,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TrainConfig, argv, doc=__doc__)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cfg.validate(world_size)
+    if cfg.vla.cpu_offload:  # needs CUDA: refused now, not after the model and data have loaded
+        import torch
+
+        from prismatic.training.strategies.fsdp import check_cpu_offload
+
+        check_cpu_offload(True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     num_nodes = max(1, world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
     check_run_folder(cfg, cfg.resolve_run_dir(num_nodes))
     from prismatic.vla.datasets.rlds import resolve_mixture_dirs

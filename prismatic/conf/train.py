@@ -7,6 +7,7 @@ data and run folders are, what to start or resume from, seeds and trackers. Fiel
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,9 @@ class TrainConfig:
     wandb_entity: str | None = None  # your W&B entity (team or user); W&B's default when unset
 
     def __post_init__(self) -> None:
+        # A model that reads proprio needs the pipeline to load it (and its statistics to be computed).
+        if self.vla.use_proprio and not self.data.load_proprio:
+            self.data = dataclasses.replace(self.data, load_proprio=True)
         # Checked on construction, so a bad flag fails while parsing, before torch loads.
         self.check_values()
 

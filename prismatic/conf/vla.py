@@ -326,6 +326,8 @@ register_vla(
 register_vla("tiny-dinosiglip+mx-toy", "tiny+mx-toy", base_vlm="tiny-dinosiglip+tiny-llama")
 register_vla("tiny-lora+mx-toy", "tiny+mx-toy", use_lora=True, lora_rank=8, lora_alpha=16.0)
 register_vla("tiny-icy+mx-toy", "tiny+mx-toy", freeze_vision_backbone=True)
+# OpenVLA-OFT's recipe at toy scale: 8-action chunks from an L1 head, parallel decoding, proprio input.
+register_vla("tiny-oft+mx-toy", "tiny+mx-toy", action_head="l1-chunk", chunk_size=8, use_proprio=True)
 register_vla("tiny-sandwich+mx-toy", "tiny+mx-toy", freeze_llm_backbone=True, unfreeze_last_llm_layer=True)
 register_vla(
     "tiny-last_layer+mx-toy",

@@ -44,16 +44,21 @@ def _keep_last_logits_kwarg(llm: torch.nn.Module) -> dict[str, int]:
 
 
 def _left_padded_embeddings(
-    vlm: PrismaticVLM, prompt_ids: Sequence[Sequence[int]], pixel_values: PixelValues, pad_id: int
+    vlm: PrismaticVLM,
+    prompt_ids: Sequence[Sequence[int]],
+    pixel_values: PixelValues,
+    pad_id: int,
+    proprio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Input embeddings `[B, S, D]` (BOS, patches, rest of the prompt; right-aligned) and their mask `[B, S]`."""
+    """Input embeddings `[B, S, D]` (BOS, the VLM's prefix: patches of every view and proprio, rest of the prompt;
+    right-aligned) and their mask `[B, S]`."""
     device = vlm.llm_backbone.llm.get_input_embeddings().weight.device
     lengths = [len(ids) for ids in prompt_ids]
     ids = torch.full((len(prompt_ids), max(lengths)), pad_id, dtype=torch.long)
     for row, row_ids in enumerate(prompt_ids):
         ids[row, : len(row_ids)] = torch.as_tensor(row_ids, dtype=torch.long)
     text = vlm.llm_backbone.embed_input_ids(ids.to(device))
-    patches = vlm.projector(vlm.vision_backbone(pixel_values)).to(text.dtype)
+    patches = vlm.prefix_embeddings(pixel_values, proprio).to(text.dtype)
     num_patches = patches.shape[1]
 
     seq_len = num_patches + max(lengths)
@@ -83,6 +88,7 @@ def greedy_decode(
     pad_id: int,
     allowed_ids: range | None,
     use_cache: bool = True,
+    proprio: torch.Tensor | None = None,
 ) -> GreedyTokens:
     """Greedily decode `num_tokens` tokens for each of B prompts (each starting with BOS) and images.
 
@@ -94,6 +100,7 @@ def greedy_decode(
         pad_id: id used for padding (never attended).
         allowed_ids: the contiguous id range decoding may choose from (the action tokens), or None for every id.
         use_cache: reuse keys and values across steps (False: re-run the full sequence every step).
+        proprio: `[B, P]` normalised proprio, for a VLM with a proprio projector.
 
     Returns:
         The chosen ids and their log-probabilities, `[B, num_tokens]` each.
@@ -102,7 +109,7 @@ def greedy_decode(
     keep_last = _keep_last_logits_kwarg(llm)
 
     def prompt() -> tuple[torch.Tensor, torch.Tensor]:
-        return _left_padded_embeddings(vlm, prompt_ids, pixel_values, pad_id)
+        return _left_padded_embeddings(vlm, prompt_ids, pixel_values, pad_id, proprio)
 
     def choose(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = logits.float()

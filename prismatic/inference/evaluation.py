@@ -11,6 +11,10 @@ Metrics, per dataset of the mixture and overall (`vla_scripts/evaluate.py` is th
 - gripper accuracy: the last action dimension, read as open when > 0.5 and closed otherwise. This is OpenVLA's
   convention after standardisation (gripper in [0, 1], 1 = open; its LIBERO / real-robot scripts binarise at 0.5);
 - the number of frames.
+For a policy with a chunk head (`l1-chunk`), every frame's prediction is a chunk of K actions compared with the
+frame's next K raw actions (the pipeline's future window, as in training): L1 / MSE / gripper accuracy pool all K
+positions, and `l1_per_chunk_position` gives the L1 (mean over dimensions) at each position 0..K-1 (how error grows
+with the horizon); action-token accuracy is None (no tokens).
 
 Under torchrun every rank decodes a disjoint shard of the split (the pipeline splits trajectories by rank), keeps
 its own sums, and one `all_reduce` at the end adds them up: no collective per batch, so ranks with unequal shards
@@ -48,6 +52,7 @@ _METRIC_KEYS = (
     "mse_mean",
     "l1_per_dim",
     "mse_per_dim",
+    "l1_per_chunk_position",
 )
 
 
@@ -62,27 +67,31 @@ class EvalMetrics:
         dataset_names: Sequence[str],
         action_dim: int,
         gripper_threshold: float = GRIPPER_OPEN_THRESHOLD,
+        chunk_size: int = 1,
+        has_tokens: bool = True,
     ) -> None:
         if len(set(dataset_names)) != len(dataset_names) or not dataset_names:
             raise ValueError(f"dataset_names must be unique and non-empty, got {list(dataset_names)}.")
         if action_dim < 1:
             raise ValueError(f"action_dim must be >= 1, got {action_dim}.")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
         self.dataset_names = list(dataset_names)
         self.index = {name: i for i, name in enumerate(self.dataset_names)}
-        self.action_dim = action_dim
+        self.action_dim, self.chunk_size, self.has_tokens = action_dim, chunk_size, has_tokens
         self.gripper_threshold = gripper_threshold
         num = len(self.dataset_names)
         self.frames = np.zeros(num, np.float64)
         self.correct_tokens = np.zeros(num, np.float64)
         self.correct_gripper = np.zeros(num, np.float64)
-        self.abs_error = np.zeros((num, action_dim), np.float64)
-        self.sq_error = np.zeros((num, action_dim), np.float64)
+        self.abs_error = np.zeros((num, chunk_size, action_dim), np.float64)
+        self.sq_error = np.zeros((num, chunk_size, action_dim), np.float64)
 
     def update(
         self,
         dataset_names: Sequence[str],
-        pred_token_ids: np.ndarray,
-        true_token_ids: np.ndarray,
+        pred_token_ids: np.ndarray | None,
+        true_token_ids: np.ndarray | None,
         pred_actions: np.ndarray,
         true_actions: np.ndarray,
     ) -> None:
@@ -90,29 +99,37 @@ class EvalMetrics:
 
         Args:
             dataset_names: B dataset names (each one of `self.dataset_names`).
-            pred_token_ids, true_token_ids: int `[B, A]` action token ids.
-            pred_actions, true_actions: `[B, A]` actions in robot units (un-normalised).
+            pred_token_ids, true_token_ids: int `[B, A]` action token ids (None for a policy without tokens).
+            pred_actions, true_actions: `[B, A]` (`[B, K, A]` with chunks) actions in robot units (un-normalised).
         """
-        pred_ids, true_ids = np.asarray(pred_token_ids), np.asarray(true_token_ids)
-        pred, true = np.asarray(pred_actions, np.float64), np.asarray(true_actions, np.float64)
-        shape = (len(dataset_names), self.action_dim)
-        for name, array in (
-            ("pred_token_ids", pred_ids),
-            ("true_token_ids", true_ids),
-            ("pred_actions", pred),
-            ("true_actions", true),
-        ):
+        pred = np.asarray(pred_actions, np.float64).reshape(
+            len(dataset_names), -1, np.shape(pred_actions)[-1]
+        )
+        true = np.asarray(true_actions, np.float64).reshape(
+            len(dataset_names), -1, np.shape(true_actions)[-1]
+        )
+        shape = (len(dataset_names), self.chunk_size, self.action_dim)
+        arrays = [("pred_actions", pred), ("true_actions", true)]
+        if self.has_tokens:
+            pred_ids, true_ids = np.asarray(pred_token_ids), np.asarray(true_token_ids)
+            arrays += [("pred_token_ids", pred_ids[:, None]), ("true_token_ids", true_ids[:, None])]
+        for name, array in arrays:
             if array.shape != shape:
-                raise ValueError(f"{name} has shape {array.shape}, expected {shape} (frames, action dims).")
+                raise ValueError(
+                    f"{name} has shape {array.shape}, expected {shape} (frames, chunk positions, action dims)."
+                )
         unknown = sorted(set(dataset_names) - set(self.index))
         if unknown:
             raise ValueError(f"Frames of datasets {unknown} not among {self.dataset_names}.")
         rows = np.array([self.index[name] for name in dataset_names], np.int64)
         error = pred - true
-        gripper_open = pred[:, -1] > self.gripper_threshold
+        gripper_open = pred[..., -1] > self.gripper_threshold
         np.add.at(self.frames, rows, 1.0)
-        np.add.at(self.correct_tokens, rows, (pred_ids == true_ids).sum(axis=1))
-        np.add.at(self.correct_gripper, rows, gripper_open == (true[:, -1] > self.gripper_threshold))
+        if self.has_tokens:
+            np.add.at(self.correct_tokens, rows, (pred_ids == true_ids).sum(axis=1))
+        np.add.at(
+            self.correct_gripper, rows, (gripper_open == (true[..., -1] > self.gripper_threshold)).sum(axis=1)
+        )
         np.add.at(self.abs_error, rows, np.abs(error))
         np.add.at(self.sq_error, rows, error**2)
 
@@ -128,10 +145,11 @@ class EvalMetrics:
         )
 
     def _unpack(self, packed: np.ndarray) -> None:
-        num, dims = len(self.dataset_names), self.action_dim
+        num, dims = len(self.dataset_names), self.chunk_size * self.action_dim
+        shape = (num, self.chunk_size, self.action_dim)
         parts = np.split(packed, np.cumsum([num, num, num, num * dims]))
         self.frames, self.correct_tokens, self.correct_gripper = parts[0], parts[1], parts[2]
-        self.abs_error, self.sq_error = parts[3].reshape(num, dims), parts[4].reshape(num, dims)
+        self.abs_error, self.sq_error = parts[3].reshape(shape), parts[4].reshape(shape)
 
     def all_reduce(self, device: torch.device | str = "cpu") -> None:
         """Sum every rank's counts and errors (one `all_reduce`, SUM) so that `summary()` covers all ranks.
@@ -153,15 +171,16 @@ class EvalMetrics:
     ) -> dict[str, Any]:
         if frames == 0:  # nothing to average: report the count, not a made-up 0
             return {"num_frames": 0, **dict.fromkeys(_METRIC_KEYS)}
-        l1, mse = abs_err / frames, sq_err / frames
+        l1, mse = abs_err / frames, sq_err / frames  # [K, A]
         return {
             "num_frames": int(frames),
-            "action_token_accuracy": float(tokens / (frames * self.action_dim)),
-            "gripper_accuracy": float(gripper / frames),
+            "action_token_accuracy": float(tokens / (frames * self.action_dim)) if self.has_tokens else None,
+            "gripper_accuracy": float(gripper / (frames * self.chunk_size)),
             "l1_mean": float(l1.mean()),
             "mse_mean": float(mse.mean()),
-            "l1_per_dim": [float(v) for v in l1],
-            "mse_per_dim": [float(v) for v in mse],
+            "l1_per_dim": [float(v) for v in l1.mean(axis=0)],
+            "mse_per_dim": [float(v) for v in mse.mean(axis=0)],
+            "l1_per_chunk_position": [float(v) for v in l1.mean(axis=1)],
         }
 
     def summary(self) -> dict[str, Any]:
@@ -197,13 +216,25 @@ def _text(value: Any) -> str:
 def eval_frame(frame: Mapping[str, Any]) -> dict[str, Any]:
     """One pipeline frame (with `raw_action`) -> what evaluation needs: image, instruction, dataset name,
     normalised and raw action. The `batch_transform` of the evaluation `RLDSDataset`."""
-    return {
-        "image": np.asarray(frame["observation"]["image_primary"]),
+    observation = frame["observation"]
+    # A chunked pipeline gives observations a leading window axis: the frame's own is last.
+    images = {
+        key.removeprefix("image_"): (value[-1] if np.ndim(value) == 4 else np.asarray(value))
+        for key, value in observation.items()
+        if key.startswith("image_")
+    }
+    out = {
+        "image": images["primary"],
+        "views": images,
         "instruction": _text(frame["task"]["language_instruction"]),
         "dataset_name": _text(frame["dataset_name"]),
         "action": np.asarray(frame["action"], np.float32),
         "raw_action": np.asarray(frame["raw_action"], np.float32),
     }
+    if "proprio" in observation:
+        proprio = np.asarray(observation["proprio"], np.float32)
+        out["proprio"] = proprio[-1] if proprio.ndim == 2 else proprio
+    return out
 
 
 def _batches(frames: Iterable[dict[str, Any]], batch_size: int, max_frames: int | None) -> Iterator[list]:
@@ -236,14 +267,24 @@ def evaluate_frames(
     evaluated = 0
     for batch in _batches(frames, batch_size, max_frames):
         names = [f["dataset_name"] for f in batch]
+        views = policy.views
         decoded = policy.decode_batch(
-            [f["image"] for f in batch],
+            [f["image"] if len(views) == 1 else [f["views"][v] for v in views] for f in batch],
             [f["instruction"] for f in batch],
             unnorm_key=unnorm_key if unnorm_key is not None else names,
+            proprio=np.stack([f["proprio"] for f in batch]) if policy.action_spec.proprio_dim else None,
         )
-        true_ids = policy.action_tokenizer.encode_to_ids(np.stack([f["action"] for f in batch]))
+        true_ids = (
+            None
+            if policy.is_chunked
+            else policy.action_tokenizer.encode_to_ids(np.stack([f["action"] for f in batch]))
+        )
         metrics.update(
-            names, decoded.token_ids, true_ids, decoded.actions, np.stack([f["raw_action"] for f in batch])
+            names,
+            None if policy.is_chunked else decoded.token_ids,
+            true_ids,
+            decoded.actions,
+            np.stack([f["raw_action"] for f in batch]),
         )
         evaluated += len(batch)
     return evaluated
@@ -266,10 +307,19 @@ def eval_dataset(
     ranks reading disjoint trajectories. `train`: the training stream (shuffled, endless, no augmentation), for
     a fit check on a sample of it; the caller bounds it with `max_frames`.
     """
+    import dataclasses
+
     from prismatic.vla.datasets import RLDSDataset
 
     if split not in SPLITS:
         raise ConfigError(f"Unknown split '{split}'. Valid choices: {', '.join(SPLITS)}.")
+    options = options or DataOptions()
+    if policy.action_spec.proprio_dim and not options.load_proprio:
+        options = dataclasses.replace(options, load_proprio=True)
+    # Frames as the policy was trained on: its chunk (the future window) and its camera views.
+    stream: dict[str, Any] = {"future_action_window_size": policy.chunk_size - 1}
+    if len(policy.views) > 1:
+        stream["image_views"] = policy.views
     return RLDSDataset(
         data_root_dir,
         data_mix,
@@ -282,6 +332,7 @@ def eval_dataset(
         world_size=world_size,
         keep_raw_action=True,
         options=options,
+        **stream,
     )
 
 
@@ -380,7 +431,9 @@ def evaluate(
     action_dim = check_unnorm_keys(policy, statistics, unnorm_key, data_mix=data_mix)
     if rank == 0:
         _warn_if_statistics_differ(policy, statistics, unnorm_key)
-    metrics = EvalMetrics(sorted(statistics), action_dim)
+    metrics = EvalMetrics(
+        sorted(statistics), action_dim, chunk_size=policy.chunk_size, has_tokens=not policy.is_chunked
+    )
     evaluated = evaluate_frames(
         policy, dataset, metrics, batch_size=batch_size, max_frames=max_frames, unnorm_key=unnorm_key
     )
@@ -414,14 +467,22 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"{name:<{width}}  {m['num_frames']:>8d}  {_fmt(m['action_token_accuracy'], 9, '.4f')}  "
             f"{_fmt(m['gripper_accuracy'], 11, '.4f')}  {_fmt(m['l1_mean'], 9)}  {_fmt(m['mse_mean'], 9)}"
         )
-    dims = len(summary["overall"]["l1_per_dim"] or [])
-    for title, key in (
+    tables = [
         ("L1 per action dimension (robot units; last = gripper)", "l1_per_dim"),
         ("MSE per action dimension (squared robot units; last = gripper)", "mse_per_dim"),
-    ):
+    ]
+    if len(summary["overall"].get("l1_per_chunk_position") or []) > 1:
+        tables.append(
+            (
+                "L1 per chunk position (robot units, mean over dimensions; 0 = current)",
+                "l1_per_chunk_position",
+            )
+        )
+    for title, key in tables:
+        columns = len(summary["overall"][key] or [])
         lines += ["", title]
-        lines.append(f"{'dataset':<{width}}" + "".join(f"  {d:>9d}" for d in range(dims)))
+        lines.append(f"{'dataset':<{width}}" + "".join(f"  {d:>9d}" for d in range(columns)))
         for name, m in rows:
-            values = m[key] or [None] * dims
+            values = m[key] or [None] * columns
             lines.append(f"{name:<{width}}" + "".join(f"  {_fmt(v, 9)}" for v in values))
     return "\n".join(lines)

@@ -14,6 +14,12 @@ checkpoint gives the same action here and in OpenVLA's evaluation code.
 Decoding is constrained to the 256 action-token ids by default; `constrained=False` is OpenVLA's unconstrained
 greedy decoding, including its stop at EOS (the action is then the last `action_dim` ids of prompt + output, as
 OpenVLA reads them; logprobs of ids taken from the prompt are NaN).
+
+A model trained with a chunk head (`--vla.action_head l1-chunk`, OpenVLA-OFT's recipe) predicts `chunk_size`
+actions in one forward (parallel decoding): `predict_action` returns `(chunk_size, action_dim)` and
+`predict_action_batch` `(B, chunk_size, action_dim)`, un-normalised as above. Such a model may also read proprio
+(`proprio=`, in robot units: normalised here with the dataset's q01 / q99 as in training) and several camera views
+(`image=[primary, wrist]`, in the order `--vla.num_images` took them).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from PIL import Image
 
 from prismatic.inference.decoding import greedy_decode
+from prismatic.models.action_heads import build_action_head
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
@@ -76,10 +83,10 @@ def openvla_action_ids(
 class DecodedActions:
     """One batch's decoded actions: token ids, bin centres in [-1, 1], un-normalised actions, log-probabilities."""
 
-    token_ids: np.ndarray  # int64 [B, A]
-    normalized: np.ndarray  # float64 [B, A]
-    actions: np.ndarray  # float64 [B, A]
-    logprobs: np.ndarray  # float32 [B, A]
+    token_ids: np.ndarray  # int64 [B, A] ([B, 0] for a continuous head)
+    normalized: np.ndarray  # float64 [B, A] ([B, K, A] for a chunk head)
+    actions: np.ndarray  # float64 [B, A] ([B, K, A] for a chunk head)
+    logprobs: np.ndarray  # float32 [B, A] (NaN for a continuous head: it has no token distribution)
 
 
 def resolve_device_dtype(
@@ -139,6 +146,24 @@ class VLAPolicy:
             self.action_tokenizer.action_token_begin_idx + 1, self.action_tokenizer.vocab_size
         )
         self._prompt_cache: dict[str, list[int]] = {}
+        self.action_spec = vlm.action_spec
+        self.head = build_action_head(self.action_spec, self.action_tokenizer, vlm.num_prefix_tokens)
+
+    @property
+    def chunk_size(self) -> int:
+        """Actions per prediction: 1 for OpenVLA's tokens head, `chunk_size` for a chunk head."""
+        return self.action_spec.chunk_size
+
+    @property
+    def is_chunked(self) -> bool:
+        return self.action_spec.head != "tokens"
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        """The camera views a request carries, in order (`--vla.num_images` of primary, wrist, secondary)."""
+        from prismatic.vla.datasets.datasets import IMAGE_VIEWS
+
+        return IMAGE_VIEWS[: self.action_spec.num_images]
 
     @property
     def model_id(self) -> str:
@@ -201,16 +226,64 @@ class VLAPolicy:
                 self._prompt_cache[instruction] = ids
         return ids
 
+    def _views_of(self, image: Any) -> list[ImageLike]:
+        """One request's camera views: an image, or a list / tuple of `num_images` of them."""
+        views = self.action_spec.num_images
+        if isinstance(image, list | tuple):
+            if len(image) != views:
+                raise PolicyInputError(
+                    f"Got {len(image)} camera images for one request; this policy reads {views} (in the order "
+                    "it was trained with: primary, wrist, secondary)."
+                )
+            return [self.check_image(view) for view in image]
+        if views != 1:
+            raise PolicyInputError(
+                f"This policy reads {views} camera views per request: pass image=[primary, wrist, ...], not one image."
+            )
+        return [self.check_image(image)]
+
+    def _transform(self, image: ImageLike) -> Any:
+        pil = image if isinstance(image, Image.Image) else Image.fromarray(image)
+        return self.image_transform(pil.convert("RGB"))
+
     def _pixel_values(self, images: Sequence[Any]) -> Any:
-        """OpenVLA's processor path: PIL RGB image -> the backbone's transform -> stacked, on device/dtype."""
+        """OpenVLA's processor path: PIL RGB image -> the backbone's transform -> stacked, on device/dtype. Several
+        views of one request are concatenated along the channel axis, as in training."""
         tensors = []
         for image in images:
-            image = self.check_image(image)
-            pil = image if isinstance(image, Image.Image) else Image.fromarray(image)
-            tensors.append(self.image_transform(pil.convert("RGB")))
+            views = [self._transform(view) for view in self._views_of(image)]
+            if isinstance(views[0], Mapping):
+                tensors.append({k: torch.cat([v[k] for v in views]) for k in views[0]})
+            else:
+                tensors.append(torch.cat(views))
         if isinstance(tensors[0], Mapping):
             return {k: torch.stack([t[k] for t in tensors]).to(self.device, self.dtype) for k in tensors[0]}
         return torch.stack(tensors).to(self.device, self.dtype)
+
+    def _proprio(self, proprio: Any, keys: Sequence[str | None]) -> torch.Tensor | None:
+        """Normalised proprio `[B, P]` for a model that reads it (q01 / q99 bounds of each row's dataset, as the
+        training pipeline normalises it); None for one that does not."""
+        width = self.action_spec.proprio_dim
+        if not width:
+            if proprio is not None:
+                raise PolicyInputError(
+                    "This policy reads no proprio (it was trained without --vla.use_proprio)."
+                )
+            return None
+        if proprio is None:
+            raise PolicyInputError(f"This policy reads proprio: pass proprio= ({width} numbers per request).")
+        from prismatic.vla.datasets.rlds.configs import NormalizationType
+        from prismatic.vla.datasets.rlds.normalization import normalize_np
+
+        values = np.asarray(proprio, dtype=np.float32).reshape(len(keys), -1)
+        if values.shape[1] != width:
+            raise PolicyInputError(f"proprio must have {width} numbers per request, got {values.shape[1]}.")
+        rows = []
+        for row, key in zip(values, keys, strict=True):
+            if key is None:
+                raise PolicyInputError("Proprio can't be normalised without statistics: pass unnorm_key.")
+            rows.append(normalize_np(row, self.norm_stats[key]["proprio"], NormalizationType.BOUNDS_Q99))
+        return torch.from_numpy(np.stack(rows)).to(self.device, self.dtype)
 
     def _row_keys(self, unnorm_key: str | None | Sequence[str | None], batch_size: int) -> list[str | None]:
         if unnorm_key is None or isinstance(unnorm_key, str):
@@ -243,15 +316,17 @@ class VLAPolicy:
         *,
         constrained: bool | None = None,
         use_cache: bool = True,
+        proprio: Any = None,
     ) -> DecodedActions:
         """Decode a batch of requests together; everything `predict_action_batch` returns, and the token ids.
 
         Args:
-            images: B images (H x W x 3 uint8 arrays or PIL images; sizes may differ).
+            images: B images (H x W x 3 uint8 arrays or PIL images; sizes may differ), or B lists of camera views.
             instructions: B instructions.
             unnorm_key: one dataset key for every row, or one per row (None: the checkpoint's only key).
             constrained: decode action-token ids only (default: the policy's `constrained`).
             use_cache: KV-cached decoding (False re-runs the full sequence each step; same result, slower).
+            proprio: `[B, P]` proprio in robot units, for a policy trained with it.
 
         Raises:
             PolicyInputError: a bad image, instruction or key; rows whose keys have different action dims.
@@ -276,6 +351,9 @@ class VLAPolicy:
         action_dim = dims.pop()
         prompt_ids = [self._prompt_ids(instruction) for instruction in instructions]
         pixel_values = self._pixel_values(images)
+        proprio_values = self._proprio(proprio, resolved)
+        if self.is_chunked:
+            return self._decode_chunks(prompt_ids, pixel_values, proprio_values, resolved, action_dim)
         eos_id = self.tokenizer.eos_token_id
         tokens = greedy_decode(
             self.vlm,
@@ -285,6 +363,7 @@ class VLAPolicy:
             pad_id=self.tokenizer.pad_token_id,
             allowed_ids=self.action_ids if constrained else None,
             use_cache=use_cache,
+            proprio=proprio_values,
         )
         token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()
         if not constrained:  # OpenVLA's generate stops at EOS; the action is then read from prompt + output
@@ -298,6 +377,54 @@ class VLAPolicy:
         normalized, actions = self.decode_ids(token_ids, resolved)
         return DecodedActions(token_ids.astype(np.int64), normalized, actions, logprobs.astype(np.float32))
 
+    @torch.inference_mode()
+    def _decode_chunks(
+        self,
+        prompt_ids: Sequence[list[int]],
+        pixel_values: Any,
+        proprio: torch.Tensor | None,
+        keys: Sequence[str | None],
+        action_dim: int,
+    ) -> DecodedActions:
+        """Parallel decoding: every action position of every row in one forward (the layout training used)."""
+        if action_dim != self.action_spec.action_dim:
+            raise PolicyInputError(
+                f"This policy predicts {self.action_spec.action_dim}-dim actions; the unnorm key asks for {action_dim}."
+            )
+        empty = np.zeros((self.chunk_size, action_dim), np.float32)
+        eos_id = self.tokenizer.eos_token_id
+        rows = [self.head.layout(list(ids), empty, eos_id) for ids in prompt_ids]
+        length = max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((len(rows), length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), length), dtype=torch.bool)
+        action_mask = torch.zeros((len(rows), length), dtype=torch.bool)
+        for i, row in enumerate(rows):  # right padding, as the training collator pads
+            n = len(row["input_ids"])
+            input_ids[i, :n], attention_mask[i, :n], action_mask[i, :n] = (
+                row["input_ids"],
+                True,
+                row["action_mask"],
+            )
+        output = self.vlm(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            pixel_values=pixel_values,
+            proprio=proprio,
+            action_mask=action_mask.to(self.device),
+        )
+        normalized = output.actions.float().cpu().numpy().astype(np.float64)
+        actions = normalized.copy()
+        for row, key in enumerate(keys):
+            if key is not None:
+                actions[row] = unnormalize_actions(normalized[row], self.norm_stats[key]["action"])
+        batch = len(rows)
+        return DecodedActions(
+            np.zeros((batch, 0), np.int64),
+            normalized,
+            actions,
+            np.full((batch, self.chunk_size, action_dim), np.nan, np.float32),
+        )
+
     def predict_action_batch(
         self,
         images: Sequence[Any],
@@ -306,19 +433,37 @@ class VLAPolicy:
         return_logprobs: bool = False,
         *,
         constrained: bool | None = None,
+        proprio: Any = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Actions `(B, action_dim)` float64 for B requests decoded together; row i equals
-        `predict_action(images[i], instructions[i])`. With `return_logprobs`, also the log-probabilities of the
-        chosen tokens `(B, action_dim)` float32.
+        """Actions `(B, action_dim)` float64 (`(B, chunk_size, action_dim)` for a chunk head) for B requests decoded
+        together; row i equals `predict_action(images[i], instructions[i])`. With `return_logprobs`, also the
+        log-probabilities of the chosen tokens `(B, action_dim)` float32 (tokens head only).
         """
-        decoded = self.decode_batch(images, instructions, unnorm_key, constrained=constrained)
+        if return_logprobs and self.is_chunked:
+            raise PolicyInputError(
+                f"This policy's '{self.action_spec.head}' head predicts continuous actions: it has no token "
+                "log-probabilities (return_logprobs=False)."
+            )
+        decoded = self.decode_batch(
+            images, instructions, unnorm_key, constrained=constrained, proprio=proprio
+        )
         return (decoded.actions, decoded.logprobs) if return_logprobs else decoded.actions
 
     def predict_action(
-        self, image: Any, instruction: str, unnorm_key: str | None = None, *, constrained: bool | None = None
+        self,
+        image: Any,
+        instruction: str,
+        unnorm_key: str | None = None,
+        *,
+        constrained: bool | None = None,
+        proprio: Any = None,
     ) -> np.ndarray:
-        """The un-normalised action `(action_dim,)` float64 for one camera image and instruction."""
-        return self.decode_batch([image], [instruction], unnorm_key, constrained=constrained).actions[0]
+        """The un-normalised action `(action_dim,)` float64 for one camera image (or list of views) and instruction;
+        `(chunk_size, action_dim)` for a chunk head."""
+        batch_proprio = None if proprio is None else np.asarray(proprio, np.float32)[None]
+        return self.decode_batch(
+            [image], [instruction], unnorm_key, constrained=constrained, proprio=batch_proprio
+        ).actions[0]
 
 
 def load_policy(

@@ -12,9 +12,12 @@ Endpoints:
   "unnorm_key": str | null}` and answers the action as a json-numpy float64 array, so OpenVLA's client
   (`json_numpy.patch()` + `requests.post(...).json()`) works unchanged. OpenVLA's "double-encoded" form for
   clients without json-numpy patching, `{"encoded": json_numpy.dumps(payload)}`, is answered double-encoded too
-  (a JSON string holding `json_numpy.dumps(action)`), as OpenVLA's `deploy.py` does.
+  (a JSON string holding `json_numpy.dumps(action)`), as OpenVLA's `deploy.py` does. A policy trained with a chunk
+  head answers the whole chunk, `(chunk_size, action_dim)`; one trained with proprio needs `"proprio"` (a list or
+  array of numbers, robot units), and one trained with several cameras takes `"image"` as a list of the views.
 - `GET /health`: `{"status": "ok", ...}` while the batcher runs (503 otherwise), with request / batch counts.
-- `GET /metadata`: model id, source, device, dtype, unnorm keys, action dimension per key, batching settings.
+- `GET /metadata`: model id, source, device, dtype, unnorm keys, action dimension per key, the action head, chunk
+  size, camera views and proprio width, batching settings.
 
 Every request is validated in the handler, before it is queued, so a bad one is answered alone (400 for a body
 that is not a JSON object, 413 for an oversized one, 422 for a bad field; `{"error": "<what to fix>"}`) and never
@@ -55,7 +58,7 @@ logger = logging.getLogger(__name__)
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 
-PAYLOAD_FIELDS = ("image", "instruction", "unnorm_key")
+PAYLOAD_FIELDS = ("image", "instruction", "unnorm_key", "proprio")
 # Every row of a batch is padded to its longest prompt: one huge instruction would slow all the others down.
 # Robot instructions are a sentence; this is two orders of magnitude above that.
 MAX_INSTRUCTION_CHARS = 4096
@@ -77,10 +80,11 @@ class BatcherStopped(RuntimeError):
 class ActRequest:
     """One validated `/act` request. `unnorm_key` is resolved (None only for a policy without statistics)."""
 
-    image: np.ndarray
+    image: np.ndarray | list[np.ndarray]  # one camera image, or the views of a multi-camera policy
     instruction: str
     unnorm_key: str | None
     double_encoded: bool = False
+    proprio: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,7 +130,19 @@ def parse_act_request(body: bytes, policy: VLAPolicy) -> ActRequest:
             422, f"Missing field(s) {', '.join(missing)}: an /act request needs image and instruction."
         )
     image, instruction, unnorm_key = payload["image"], payload["instruction"], payload.get("unnorm_key")
-    if not isinstance(image, np.ndarray):
+    views = policy.action_spec.num_images
+    if views > 1:
+        if not isinstance(image, list) or len(image) != views:
+            raise RequestError(
+                422,
+                f"image must be a list of {views} json-numpy H x W x 3 uint8 arrays (primary, wrist, ...): this "
+                f"policy reads {views} camera views; got {type(image).__name__}.",
+            )
+        try:
+            image = [policy.check_image(view) for view in image]
+        except PolicyInputError as e:
+            raise RequestError(422, str(e)) from e
+    elif not isinstance(image, np.ndarray):
         raise RequestError(
             422,
             f"image must be a json-numpy encoded H x W x 3 uint8 array (call json_numpy.patch() on the client, or "
@@ -141,13 +157,37 @@ def parse_act_request(body: bytes, policy: VLAPolicy) -> ActRequest:
         )
     if unnorm_key is not None and not isinstance(unnorm_key, str):
         raise RequestError(422, f"unnorm_key must be a string or null, got {type(unnorm_key).__name__}.")
+    proprio = _proprio_field(payload.get("proprio"), policy)
     try:
-        image = policy.check_image(image)
+        if views == 1:
+            image = policy.check_image(image)
         # A policy without statistics answers normalised actions; naming a key for it is an error.
         key = policy.resolve_unnorm_key(unnorm_key) if policy.unnorm_keys or unnorm_key is not None else None
     except PolicyInputError as e:
         raise RequestError(422, str(e)) from e
-    return ActRequest(image, instruction, key, double_encoded)
+    return ActRequest(image, instruction, key, double_encoded, proprio)
+
+
+def _proprio_field(value: Any, policy: VLAPolicy) -> np.ndarray | None:
+    """The request's proprio as float32 `[P]`, checked against what the policy reads (422 otherwise)."""
+    width = policy.action_spec.proprio_dim
+    if not width:
+        if value is not None:
+            raise RequestError(
+                422, "proprio was sent, but this policy reads none (trained without use_proprio)."
+            )
+        return None
+    if value is None:
+        raise RequestError(
+            422, f"Missing field proprio: this policy reads {width} proprio numbers per request."
+        )
+    try:
+        proprio = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise RequestError(422, f"proprio must be {width} numbers, got {type(value).__name__}.") from e
+    if proprio.shape != (width,) or not np.isfinite(proprio).all():
+        raise RequestError(422, f"proprio must be {width} finite numbers, got shape {proprio.shape}.")
+    return proprio
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:
@@ -304,10 +344,12 @@ def predict_batch(policy: VLAPolicy, requests: Sequence[ActRequest]) -> list[np.
         by_dim.setdefault(dim, []).append(index)
     actions: list[np.ndarray] = [np.empty(0)] * len(requests)
     for rows in by_dim.values():
+        proprio = np.stack([requests[i].proprio for i in rows]) if policy.action_spec.proprio_dim else None
         batch = policy.predict_action_batch(
             [requests[i].image for i in rows],
             [requests[i].instruction for i in rows],
             unnorm_key=[requests[i].unnorm_key for i in rows],
+            proprio=proprio,
         )
         for i, action in zip(rows, batch, strict=True):
             actions[i] = action
@@ -342,6 +384,10 @@ def metadata(policy: VLAPolicy, max_batch_size: int, max_wait_ms: float) -> dict
         "action_dim": {key: policy.action_dim(key) for key in keys},
         # Without statistics the server answers bin centres in [-1, 1] of this many dimensions.
         "normalized_action_dim": None if keys else DEFAULT_ACTION_DIM,
+        "action_head": policy.action_spec.head,
+        "chunk_size": policy.action_spec.chunk_size,
+        "num_images": policy.action_spec.num_images,
+        "proprio_dim": policy.action_spec.proprio_dim,
         "max_batch_size": max_batch_size,
         "max_wait_ms": max_wait_ms,
     }

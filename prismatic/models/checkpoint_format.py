@@ -49,6 +49,9 @@ LEGACY_LATEST = "latest-checkpoint.pt"  # Prismatic's name
 MODEL_SAFETENSORS = "model.safetensors"  # a model-only export (`export_hf.py --format safetensors`)
 TMP_PREFIX = ".tmp-"  # a checkpoint being written; removed at start-up if a crash left it
 TRAIN_STATE_FILE = "train_state.json"
+ACTION_MODEL_FILE = (
+    "action_model.json"  # in a run / model folder: its `ActionSpec` (absent: OpenVLA's tokens head)
+)
 DCP_METADATA = ".metadata"
 CHECKPOINT_DIR = re.compile(r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})$")
 CHECKPOINT_FILE = re.compile(

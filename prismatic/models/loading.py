@@ -47,7 +47,9 @@ from typing import Any
 
 import torch
 
+from prismatic.models.action_heads import ActionSpec
 from prismatic.models.checkpoint_format import (
+    ACTION_MODEL_FILE,
     CHECKPOINTS_DIR,
     LEGACY_LATEST,
     is_sharded_checkpoint,
@@ -400,8 +402,10 @@ def _load_prismatic_run(
     from prismatic.models.materialize import build_vlm_from_architecture, cast_floating_parameters
 
     arch = run_architecture(folder, hf_token)
+    spec = run_action_spec(folder)
     if on_meta:  # a LoRA run's adapters are merged on load, so its architecture is the plain one
         vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
+        vlm.attach_action_modules(spec)
         cast_floating_parameters(vlm, dtype)
         return LoadedVLA(_buffers_on_meta(vlm), _run_norm_stats(folder), source)
     path = checkpoint if checkpoint is not None else latest_checkpoint(folder)
@@ -422,6 +426,7 @@ def _load_prismatic_run(
         pretrained_vision=None,
         on_meta=VLM_PARTS if vision_loaded else ("projector", "llm_backbone"),
     )
+    vlm.attach_action_modules(spec)  # on the LLM's device: meta, filled from the checkpoint below
     lora_names, lora_rank = lora_targets_in_state_dict(flat)
     if lora_names:  # re-create the adapters the run trained, load, then fold them into plain weights
         vla_cfg = json.loads((folder / "config.json").read_text()).get("vla", {})
@@ -444,6 +449,19 @@ def _load_prismatic_run(
         cast_floating_parameters(vlm, dtype)
     logger.info("Loaded Prismatic run %s from %s (%s)", arch.model_id, path, dtype)
     return LoadedVLA(vlm, _run_norm_stats(folder), source)
+
+
+def run_action_spec(folder: Path) -> ActionSpec:
+    """The action side a run (or export) folder's model was trained with: its `action_model.json`; OpenVLA's
+    tokens head when there is none (every run before action heads, and OpenVLA's own checkpoints)."""
+    path = folder / ACTION_MODEL_FILE
+    if not path.is_file():
+        return ActionSpec()
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"'{path}' cannot be read ({err}): the run folder is damaged.") from err
+    return ActionSpec.from_dict(values, where=str(path))
 
 
 def _run_norm_stats(folder: Path) -> dict[str, Any] | None:

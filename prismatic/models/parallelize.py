@@ -1,4 +1,4 @@
-"""How the Prismatic VLM family is sharded and checkpointed: FSDP2 units, mixed precision, activation
+"""How the Prismatic VLM family is sharded and checkpointed: FSDP2 units, mixed precision, CPU offload, activation
 checkpointing. The training strategies call these; they know nothing about the model's insides.
 """
 
@@ -11,7 +11,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from prismatic.models.vlms.prismatic import PrismaticVLM
 
@@ -30,6 +30,29 @@ def mixed_precision_policy(enabled: bool, reduce_in_full_precision: bool) -> Mix
         return MixedPrecisionPolicy()
     reduce_dtype = torch.float32 if reduce_in_full_precision else torch.bfloat16
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+
+
+def offload_policy(enabled: bool, device_type: str) -> OffloadPolicy:
+    """FSDP2's `CPUOffloadPolicy` when `enabled` (sharded parameters, gradients and optimizer state in host memory),
+    else the no-offload default. Host memory is pinned only when the mesh has CUDA devices: pinning is what lets
+    the host-device copies run asynchronously, and there is nothing to pin for without them."""
+    if not enabled:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device_type == "cuda")
+
+
+def place_for_cpu_offload(model: torch.nn.Module, device: str | torch.device) -> None:
+    """Under CPU offload (after `apply_fsdp(..., cpu_offload=True)` and materializing): sharded parameters in host
+    memory, buffers on `device`.
+
+    FSDP2 refuses offloaded shards that are not on the host, and copies each unit's shards to `device` only while
+    it computes; buffers (rotary `inv_freq`, ...) are used in place by the forward, so they must be on `device`.
+    Parameters FSDP ignores (vision modules that never run) stay on the host with the shards.
+    """
+    model.to("cpu")  # FSDP2 re-registers the moved shards (pinned when its policy pins)
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            module._buffers[name] = buffer.to(device)
 
 
 def cast_frozen_params_to_bf16(vlm: PrismaticVLM) -> int:
@@ -89,19 +112,29 @@ def apply_llm_activation_checkpointing(vlm: PrismaticVLM) -> None:
 
 
 def apply_fsdp(
-    vlm: PrismaticVLM, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool
+    vlm: PrismaticVLM,
+    mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy,
+    reshard_after_forward: bool,
+    cpu_offload: bool = False,
 ) -> PrismaticVLM:
     """FSDP2: one unit per ViT block and per LLM decoder layer, then the root (projector, embeddings, head).
 
     `reshard_after_forward=True` is full sharding (ZeRO-3); False keeps parameters gathered between forward and
-    backward (ZeRO-2, "shard-grad-op").
+    backward (ZeRO-2, "shard-grad-op"). `cpu_offload` gives every unit `offload_policy(True, ...)`: shards,
+    gradients and optimizer state live in host memory (then call `place_for_cpu_offload` after materializing).
 
     Vision modules that never run (blocks after the feature layer, final norm, heads; frozen by
     `freeze_unused`) are left out of FSDP (`ignored_params`): a unit whose forward never runs is never gathered,
     and its post-backward hook then fails on micro-batches without gradient sync (accumulation). They stay in
     the module, whole on every rank (one ViT block at most), so checkpoints keep timm's and Prismatic's keys.
     """
-    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "reshard_after_forward": reshard_after_forward}
+    kwargs = {
+        "mesh": mesh,
+        "mp_policy": mp_policy,
+        "reshard_after_forward": reshard_after_forward,
+        "offload_policy": offload_policy(cpu_offload, mesh.device_type),
+    }
     unused = vlm.vision_backbone.unused_modules()
     unused_ids = {id(module) for module in unused}
     for block in vlm.vision_backbone.get_blocks():

@@ -84,6 +84,11 @@ IDENTITY_KEYS = {
     "seed": "--seed",
     "data_mix": "--vla.data_mix",
     "base_vlm": "--vla.base_vlm",
+    # The action side decides the model's modules and the frames' layout.
+    "action_head": "--vla.action_head",
+    "chunk_size": "--vla.chunk_size",
+    "use_proprio": "--vla.use_proprio",
+    "num_images": "--vla.num_images",
     # The data options decide the statistics and the frames (prismatic/conf/data.py).
     **{f"data.{name}": f"--data.{name}" for name in DataOptions().to_dict()},
 }

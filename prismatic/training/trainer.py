@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from prismatic.models.action_heads import HeadOutput
+from prismatic.models.action_heads import ActionHead
 from prismatic.training.checkpointing import CheckpointManager
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.preemption import Preempted, PreemptionHandler
@@ -38,7 +38,7 @@ class LoopPlan:
 
 def train_loop(
     strategy: TrainingStrategy,
-    head: Callable[[Any, dict[str, Any]], HeadOutput],
+    head: ActionHead,
     batches: Iterator[dict[str, Any]],
     metrics: StepMetrics,
     trackers: list[Tracker],
@@ -73,9 +73,7 @@ def train_loop(
             with strategy.accumulate(is_last_micro_batch=i == n_micro - 1), strategy.autocast():
                 out = head(model, batch)
                 (out.loss / n_micro).backward()
-            metrics.update(
-                out.loss, out.logits, batch["labels"], strategy.vlm.num_patches, batch["dataset_names"]
-            )
+            metrics.update(out.loss, out.sums, batch["dataset_names"])
         grad_norm = strategy.clip_grad_norm()
         optimizer.step()
         scheduler.step()
@@ -100,7 +98,10 @@ def train_loop(
             last.update(validate())
         for tracker in trackers:
             tracker.log(step, last)
-        bar.set_postfix(loss=f"{last['loss']:.4f}", acc=f"{last['action_accuracy']:.3f}")
+        bar.set_postfix(
+            loss=f"{last['loss']:.4f}",
+            **{k: f"{last[k]:.3f}" for k in ("action_accuracy", "l1_loss") if k in last and k != "loss"},
+        )
         bar.update()
 
         signum = preemption.requested()

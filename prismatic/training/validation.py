@@ -6,16 +6,18 @@ tiny sampling weight is measured as well as a large one. The split is the pipeli
 one, else the last 5% of `train` (`rlds/dataset.py:_split_name`); actions are normalised with the train
 statistics, as in training.
 
-Metrics (every sum is over the frames evaluated on all ranks; "overall" pools the frames of all datasets, so each
-dataset counts by the frames it contributed, `num_batches * batch * ranks` normally, not by its mixture weight):
+Metrics are the action head's (`prismatic/models/action_heads.py`): each head returns per-sample sums and names
+the ratios reported, so train and val curves compare. Every sum is over the frames evaluated on all ranks;
+"overall" pools the frames of all datasets, so each dataset counts by the frames it contributed
+(`num_batches * batch * ranks` normally), not by its mixture weight. For `tokens`:
     loss            cross-entropy summed over every supervised token (labels != IGNORE_INDEX: the action tokens
                     and the stop token), divided by the number of those tokens. Recomputed per token from the
                     logits, so per-dataset losses are exact; it is the HF loss of one batch holding every frame.
     action_accuracy argmax prediction == target, over the action tokens (target > action_token_begin_idx).
     l1_loss         |decode(prediction) - decode(target)| averaged over the action tokens (normalised action
                     units; decode = bin centre, `ActionTokenizer.decode_ids`).
-    samples         frames evaluated.
-accuracy and L1 follow `prismatic/training/metrics.py:StepMetrics.update`, so train and val curves compare.
+For `l1-chunk`: loss = l1_loss = |predicted - target| over every value of every chunk (normalised units), and
+l1_dim<d> per action dimension. Always: samples, the frames evaluated.
 
 Why a fixed number of batches: FSDP all-gathers parameters inside forward, so every rank must run the same number
 of forward passes. Ranks' shards of a split differ in size; each rank runs exactly `num_batches` batches per
@@ -35,18 +37,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from prismatic.conf.data import DataOptions
-from prismatic.util.constants import IGNORE_INDEX
+from prismatic.models.action_heads import ActionHead
 from prismatic.util.errors import ConfigError
-from prismatic.vla.action_tokenizer import ActionTokenizer
 
 logger = logging.getLogger(__name__)
-
-# Columns of the per-dataset sums.
-_CE, _TOKENS, _CORRECT, _ACTION_TOKENS, _L1, _SAMPLES = range(6)
-_NUM_COLUMNS = 6
 
 
 @dataclass
@@ -68,11 +64,12 @@ class Validator:
         collator: list of transformed frames -> batch (`PaddedCollatorForActionPrediction`).
         per_device_batch_size: frames per forward pass.
         num_batches: forward passes per rank per dataset, every run (the same on every rank).
-        action_tokenizer: gives the action token ids and their decoding.
-        num_patches: the VLM's `num_patches` (logit at `num_patches + j - 1` predicts text token j).
+        head: the action head training uses (its forward, sums and ratios).
         rank, world_size, seed: this rank's place; the held-out frames are a deterministic function of them.
         device: where the batches, the metric sums and the final all-reduce live.
         skip_missing_datasets: as for training (a dataset missing under `data_root_dir` is not evaluated).
+        options, stream_kwargs: the training stream's data options and its other `RLDSDataset` keywords (chunk
+            window, camera views), so held-out frames look like training frames.
 
     Raises:
         ValueError: `per_device_batch_size` or `num_batches` below 1.
@@ -89,14 +86,14 @@ class Validator:
         *,
         per_device_batch_size: int,
         num_batches: int,
-        action_tokenizer: ActionTokenizer,
-        num_patches: int,
+        head: ActionHead,
         rank: int = 0,
         world_size: int = 1,
         seed: int = 7,
         device: torch.device | str = "cpu",
         skip_missing_datasets: bool = False,
         options: DataOptions | None = None,
+        stream_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be >= 1, got {per_device_batch_size}.")
@@ -106,13 +103,8 @@ class Validator:
         from prismatic.vla.datasets.rlds.dataset import _split_name, load_builder, resolve_mixture_dirs
 
         self.collator, self.batch_size, self.num_batches = collator, per_device_batch_size, num_batches
-        self.num_patches, self.device = num_patches, torch.device(device)
+        self.head, self.device = head, torch.device(device)
         self.world_size = world_size
-        self.action_token_begin_idx = action_tokenizer.action_token_begin_idx
-        self.vocab_size = action_tokenizer.vocab_size
-        self.bin_centers = torch.as_tensor(
-            action_tokenizer.bin_centers, dtype=torch.float64, device=self.device
-        )
 
         self.held_out: list[_HeldOut] = []
         members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
@@ -139,6 +131,7 @@ class Validator:
                 rank=0 if shared else rank,
                 world_size=1 if shared else world_size,
                 options=options,
+                **(stream_kwargs or {}),
             )
             self.held_out.append(_HeldOut(config.name, dataset, counted=rank == 0 or not shared))
         if not self.held_out:
@@ -168,62 +161,28 @@ class Validator:
         """
         was_training = model.training
         model.eval()
-        sums = torch.zeros(len(self.held_out), _NUM_COLUMNS, dtype=torch.float64, device=self.device)
+        width = len(self.head.columns) + 1  # the head's sums, then the sample count
+        sums = torch.zeros(len(self.held_out), width, dtype=torch.float64, device=self.device)
         try:
             for row, held_out in enumerate(self.held_out):
                 with contextlib.closing(_cycle(held_out)) as frames:
                     for _ in range(self.num_batches):
                         batch = self.collator(list(itertools.islice(frames, self.batch_size)))
+                        batch = {
+                            k: v if k == "dataset_names" else _to_device(v, self.device)
+                            for k, v in batch.items()
+                        }
                         with autocast() if autocast is not None else contextlib.nullcontext():
-                            output = model(
-                                input_ids=_to_device(batch["input_ids"], self.device),
-                                attention_mask=_to_device(batch["attention_mask"], self.device),
-                                pixel_values=_to_device(batch["pixel_values"], self.device),
-                                labels=None,  # the loss is recomputed per token below; HF's would upcast all logits
-                            )
+                            output = self.head(model, batch, with_loss=False)
                         if held_out.counted:
-                            sums[row] += self._batch_sums(
-                                output.logits, _to_device(batch["labels"], self.device)
-                            )
+                            sums[row, :-1] += output.sums.sum(dim=0).to(self.device)
+                            sums[row, -1] += len(batch["dataset_names"])
         finally:
             _reshard(model)
             model.train(was_training)
         if self.world_size > 1 and dist.is_initialized():
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        return _metrics(self.dataset_names, sums.cpu())
-
-    def _batch_sums(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """float64[6] on device: the batch's CE sum, supervised tokens, correct / all action tokens, L1 sum, samples.
-
-        No host synchronisation (no boolean indexing, no `.item()`): masks multiply instead.
-        """
-        # Logit at position t predicts token t+1; patches sit after BOS, so text token j >= 1 is predicted at
-        # position num_patches + j - 1 (as in StepMetrics).
-        text_logits = logits[:, self.num_patches : -1]
-        targets = labels[:, 1:]
-        ce = F.cross_entropy(
-            text_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
-        )  # 0 where ignored
-        supervised = targets != IGNORE_INDEX
-        preds = text_logits.argmax(dim=-1)
-        action = targets > self.action_token_begin_idx
-        correct = (preds == targets) & action
-        l1 = (self._decode(preds) - self._decode(targets)).abs() * action
-        return torch.stack(
-            [
-                ce.double().sum(),
-                supervised.sum().double(),
-                correct.sum().double(),
-                action.sum().double(),
-                l1.sum(),
-                torch.full((), float(labels.shape[0]), dtype=torch.float64, device=labels.device),
-            ]
-        )
-
-    def _decode(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """`ActionTokenizer.decode_ids` on device: token id -> bin centre (ids outside the bins are clipped)."""
-        indices = (self.vocab_size - token_ids - 1).clamp(0, self.bin_centers.numel() - 1)
-        return self.bin_centers[indices]
+        return _metrics(self.dataset_names, self.head, sums.cpu())
 
 
 def _cycle(held_out: _HeldOut) -> Iterator[dict[str, Any]]:
@@ -261,16 +220,16 @@ def _reshard(model: torch.nn.Module) -> None:
             module.reshard()
 
 
-def _metrics(names: list[str], sums: torch.Tensor) -> dict[str, float]:
-    """Ratios of the reduced sums, overall (pooled over datasets) and per dataset."""
+def _metrics(names: list[str], head: ActionHead, sums: torch.Tensor) -> dict[str, float]:
+    """The head's ratios of the reduced sums and the sample count, overall (pooled over datasets) and per dataset."""
+    columns = {name: i for i, name in enumerate(head.columns)}
 
     def ratios(row: torch.Tensor) -> dict[str, float]:
-        return {
-            "loss": (row[_CE] / row[_TOKENS].clamp(min=1)).item(),
-            "action_accuracy": (row[_CORRECT] / row[_ACTION_TOKENS].clamp(min=1)).item(),
-            "l1_loss": (row[_L1] / row[_ACTION_TOKENS].clamp(min=1)).item(),
-            "samples": row[_SAMPLES].item(),
+        values = {
+            key: (row[columns[num]] / row[columns[den]].clamp(min=1)).item()
+            for key, (num, den) in head.ratios.items()
         }
+        return {**values, "samples": row[-1].item()}
 
     out = {f"val/{key}": value for key, value in ratios(sums.sum(dim=0)).items()}
     for name, row in zip(names, sums, strict=True):

@@ -153,6 +153,10 @@ def test_metadata_and_health(server: str, policy_run: Path) -> None:
         "unnorm_keys": ["ds_a", "ds_b"],
         "action_dim": {"ds_a": 7, "ds_b": 7},
         "normalized_action_dim": None,
+        "action_head": "tokens",
+        "chunk_size": 1,
+        "num_images": 1,
+        "proprio_dim": 0,
         "max_batch_size": 16,
         "max_wait_ms": 5.0,
     }

@@ -28,7 +28,8 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 @dataclass
 class PaddedCollatorForActionPrediction:
     """list of `RLDSBatchTransform` outputs -> {"pixel_values", "input_ids", "attention_mask", "labels",
-    "actions" (float32[B, action_dim]), "dataset_names" (list[str])}."""
+    "actions" (float32[B, action_dim] or [B, chunk, action_dim]), "dataset_names" (list[str])}, plus "proprio"
+    (float32[B, P]) and "action_mask" (bool[B, L], padded with False) when the instances carry them."""
 
     model_max_length: int
     pad_token_id: int
@@ -83,7 +84,7 @@ class PaddedCollatorForActionPrediction:
                 f"pixel_values must be a Tensor or a dict of Tensors, got {type(pixel_values[0])}."
             )
 
-        return {
+        batch = {
             "pixel_values": stacked_pixels,
             "input_ids": batch_input_ids,
             "attention_mask": attention_mask,
@@ -91,3 +92,18 @@ class PaddedCollatorForActionPrediction:
             "actions": torch.from_numpy(np.stack([np.asarray(x["actions"], np.float32) for x in instances])),
             "dataset_names": [x["dataset_name"] for x in instances],
         }
+        if "action_mask" in instances[0]:
+            masks = [torch.as_tensor(x["action_mask"], dtype=torch.long) for x in instances]
+            batch["action_mask"] = self._pad(masks, 0, length)[:, cut].bool()
+            if not torch.equal(
+                batch["action_mask"].sum(1), masks[0].new_tensor([int(m.sum()) for m in masks])
+            ):
+                raise ValueError(
+                    f"Sequences longer than model_max_length={self.model_max_length} lost action positions when "
+                    "cut; raise the model's max length or shorten the instructions."
+                )
+        if "proprio" in instances[0]:
+            batch["proprio"] = torch.from_numpy(
+                np.stack([np.asarray(x["proprio"], np.float32) for x in instances])
+            )
+        return batch

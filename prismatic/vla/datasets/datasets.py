@@ -145,12 +145,30 @@ def fast_image_transform(image_transform: Any) -> _ArrayToNormalizedTensor | _Fu
     return _ArrayToNormalizedTensor.from_mean_std(size, normalize.mean, normalize.std)
 
 
+# Camera views in the order `--vla.num_images N` takes them: the primary camera, then the wrist camera, then the
+# secondary third-person camera (OpenVLA-OFT: LIBERO uses primary + wrist).
+IMAGE_VIEWS = ("primary", "wrist", "secondary")
+
+
+def views_for(num_images: int) -> tuple[str, ...]:
+    """The first `num_images` of `IMAGE_VIEWS` (a ConfigError beyond them)."""
+    if not 1 <= num_images <= len(IMAGE_VIEWS):
+        raise ConfigError(
+            f"--vla.num_images={num_images} is out of range: frames carry 1 to {len(IMAGE_VIEWS)} camera views "
+            f"({', '.join(IMAGE_VIEWS)}, in that order)."
+        )
+    return IMAGE_VIEWS[:num_images]
+
+
 @dataclass
 class RLDSBatchTransform:
-    """One standardised frame -> {"pixel_values", "input_ids", "labels", "dataset_name", "actions"}.
+    """One standardised frame -> {"pixel_values", "input_ids", "labels", "dataset_name", "actions"} (+ "proprio",
+    "action_mask" where the head or model needs them).
 
-    Only the action tokens (and EOS, when `predict_stop_token`) carry labels; everything else is
-    `IGNORE_INDEX`. HF causal LMs shift labels inside `forward`, so labels align with `input_ids` here.
+    The text after the prompt is the action head's `layout` (default: OpenVLA's action tokens + EOS, labels on
+    them; the EOS label only when `predict_stop_token`). HF causal LMs shift labels inside `forward`, so labels
+    align with `input_ids` here. With several `views`, their pixel values are concatenated along the channel axis
+    (`[3N, H, W]`, per part for fused backbones), the layout `PrismaticVLM.prefix_embeddings` reads.
     """
 
     action_tokenizer: ActionTokenizer
@@ -159,6 +177,9 @@ class RLDSBatchTransform:
     prompt_builder_fn: type[PromptBuilder]
     predict_stop_token: bool = True
     use_fast_image_path: bool = True  # skip the PIL round trip where provably identical (module docstring)
+    layout: Callable[[list[int], np.ndarray, int], dict[str, torch.Tensor]] | None = None  # ActionHead.layout
+    views: tuple[str, ...] = ("primary",)  # camera views fed to the model, in order
+    use_proprio: bool = False  # pass the frame's normalised proprio on as "proprio"
     _prefix_cache: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _fast_image: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -186,28 +207,48 @@ class RLDSBatchTransform:
             return fast(image)
         return self.image_transform(Image.fromarray(image))
 
+    def _views(self, observation: Mapping[str, Any]) -> Any:
+        # A chunked pipeline gives each observation a leading window axis (`[W, H, W, 3]`): the frame's own is last.
+        images = [np.asarray(observation[f"image_{view}"]) for view in self.views]
+        values = [self._pixel_values(image[-1] if image.ndim == 4 else image) for image in images]
+        if len(values) == 1:
+            return values[0]
+        if isinstance(values[0], Mapping):
+            return {k: torch.cat([v[k] for v in values], dim=0) for k in values[0]}
+        return torch.cat(values, dim=0)
+
     def __call__(self, frame: dict[str, Any]) -> dict[str, Any]:
         instruction = _text(frame["task"]["language_instruction"])
         action = np.asarray(frame["action"], dtype=np.float32)
-
         prefix_ids = self._prefix_ids(instruction)
-        action_ids = self.action_tokenizer.encode_to_ids(action).tolist()
         eos_id = self.base_tokenizer.eos_token_id
+        if self.layout is None:
+            action_ids = self.action_tokenizer.encode_to_ids(action).tolist()
+            input_ids = torch.tensor([*prefix_ids, *action_ids, eos_id], dtype=torch.long)
+            labels = torch.full_like(input_ids, IGNORE_INDEX)
+            labels[len(prefix_ids) :] = input_ids[len(prefix_ids) :]
+            text = {"input_ids": input_ids, "labels": labels}
+        else:
+            text = self.layout(prefix_ids, action, eos_id)
+        if not self.predict_stop_token:
+            text["labels"][-1] = IGNORE_INDEX
 
-        input_ids = torch.tensor([*prefix_ids, *action_ids, eos_id], dtype=torch.long)
-        labels = torch.full_like(input_ids, IGNORE_INDEX)
-        labels[len(prefix_ids) : len(prefix_ids) + len(action_ids)] = torch.tensor(action_ids)
-        if self.predict_stop_token:
-            labels[-1] = eos_id
-
-        image = np.asarray(frame["observation"]["image_primary"])
-        return {
-            "pixel_values": self._pixel_values(image),
-            "input_ids": input_ids,
-            "labels": labels,
+        out = {
+            "pixel_values": self._views(frame["observation"]),
+            **text,
             "dataset_name": _text(frame["dataset_name"]),
             "actions": action,
         }
+        if self.use_proprio:
+            proprio = frame["observation"].get("proprio")
+            if proprio is None:
+                raise ConfigError(
+                    f"Dataset '{out['dataset_name']}' gives no proprio, but the model reads it (--vla.use_proprio "
+                    "true): its config needs state_obs_keys, and the pipeline --data.load_proprio true."
+                )
+            proprio = np.asarray(proprio, dtype=np.float32)
+            out["proprio"] = proprio[-1] if proprio.ndim == 2 else proprio
+        return out
 
 
 class _SnapshotUnusable(Exception):

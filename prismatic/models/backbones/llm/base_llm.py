@@ -35,6 +35,11 @@ class LLMBackbone(nn.Module, ABC):
         """Run the LM; with `labels`, the output carries the (shifted, IGNORE_INDEX-masked) cross-entropy loss."""
 
     @abstractmethod
+    def last_hidden_state(self, inputs_embeds: torch.Tensor, attention_mask_4d: torch.Tensor) -> torch.Tensor:
+        """The decoder's final (normed) hidden states `[B, S, D]` under a custom mask (bool `[B, 1, S, S]`, True =
+        may attend), without the LM head: what parallel-decoding action heads read."""
+
+    @abstractmethod
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids `[B, L]` -> input embeddings `[B, L, embed_dim]`."""
 

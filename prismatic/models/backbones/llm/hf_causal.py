@@ -199,6 +199,25 @@ class HFCausalLLMBackbone(LLMBackbone):
             **kwargs,
         )
 
+    def last_hidden_state(self, inputs_embeds: torch.Tensor, attention_mask_4d: torch.Tensor) -> torch.Tensor:
+        """transformers passes a 4D mask through as given, so its format must be the attention kernel's: boolean for
+        SDPA, additive (0 / dtype min) for eager; other kernels (flash attention) take no custom mask."""
+        kernel = self.llm.config._attn_implementation
+        if kernel == "eager":
+            blocked = torch.finfo(inputs_embeds.dtype).min
+            attention_mask_4d = torch.zeros_like(attention_mask_4d, dtype=inputs_embeds.dtype).masked_fill(
+                ~attention_mask_4d, blocked
+            )
+        elif kernel != "sdpa":
+            raise ConfigError(
+                f"LLM backbone '{self.identifier}' uses attention kernel '{kernel}', which takes no custom attention "
+                "mask; parallel decoding (--vla.action_head l1-chunk) needs 'sdpa' or 'eager'."
+            )
+        output = self.llm.get_decoder()(
+            inputs_embeds=inputs_embeds, attention_mask=attention_mask_4d, use_cache=False
+        )
+        return output.last_hidden_state
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.llm.get_input_embeddings()(input_ids)
 
