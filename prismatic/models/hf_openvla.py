@@ -50,6 +50,7 @@ from prismatic.models.backbones.vision.registry import (
     vits_match,
     vits_of,
 )
+from prismatic.models.checkpoint_format import ACTION_MODEL_FILE
 from prismatic.models.materialize import VLMArchitecture
 from prismatic.models.registry import BaseVLMSpec
 from prismatic.models.vlms.prismatic import PrismaticVLM
@@ -73,6 +74,7 @@ _LS_SCALE = re.compile(r"\.(ls[12])\.scale_factor$")
 # This tool's extension of OpenVLA's config: timm kwargs beyond `act_layer`, one dict per ViT (tiny presets).
 ARCH_OVERRIDES_FIELD = "timm_arch_overrides"
 _HF_PARTS = ("featurizer", "fused_featurizer")
+ACTION_MODULES = ("action_head", "proprio_projector")  # `PrismaticVLM.attach_action_modules`'s children
 # Tokenizer classes transformers 4.40 (OpenVLA's pin) loads from tokenizer.json. 5.x writes "TokenizersBackend",
 # which 4.40 cannot import, and "LlamaTokenizer", which is 4.40's sentencepiece class (needs tokenizer.model) unless
 # AutoTokenizer happens to swap in the fast one.
@@ -119,6 +121,8 @@ def to_hf_state_dict(
             out[f"projector.{_PROJECTOR_TO_HF[index]}.{suffix}"] = tensor
         elif module == "llm_backbone":
             out[f"language_model.{rest.removeprefix('llm.')}"] = tensor
+        elif module in ACTION_MODULES:  # an action head's modules keep their names (OpenVLA has none)
+            out[name] = tensor
         else:
             raise ValueError(f"Unexpected parameter '{name}' outside the three VLM modules.")
     return out
@@ -141,6 +145,8 @@ def _hf_to_ours_name(name: str, parts: Mapping[str, str]) -> str:
         return f"projector.projector.{_PROJECTOR_FROM_HF[layer]}.{suffix}"
     if name.startswith("language_model."):
         return f"llm_backbone.llm.{name.removeprefix('language_model.')}"
+    if name.partition(".")[0] in ACTION_MODULES:
+        return name
     raise ConfigError(f"HF checkpoint key '{name}' belongs to no VLM module.")
 
 
@@ -334,6 +340,10 @@ def export_hf_openvla(
         write_json_atomic(out_dir / INDEX_FILE, index, "the HF export's shard index")
 
     config = hf_config_dict(vlm, spec, norm_stats, dtype)
+    if not vlm.action_spec.is_default:
+        # OpenVLA's own HF code decodes tokens only; `prismatic.load_policy` reads the head from this file.
+        config["action_model"] = vlm.action_spec.to_dict()
+        write_json_atomic(out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the HF export's action spec")
     write_json_atomic(out_dir / "config.json", config, "the HF export's config")
     image_cfg, processor_cfg = _processor_configs(vlm, spec)
     write_json_atomic(

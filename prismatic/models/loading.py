@@ -346,8 +346,10 @@ def _load_hf_openvla(
     model_id = source if not Path(source).expanduser().is_dir() else folder.name
     arch = hf_architecture(folder, model_id)
     raw = json.loads((folder / "config.json").read_text())
+    spec = run_action_spec(folder)
     if on_meta:  # not even the shard headers: rank 0 checks the weights fit
         vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
+        vlm.attach_action_modules(spec)
         cast_floating_parameters(vlm, dtype)
         return LoadedVLA(_buffers_on_meta(vlm), raw.get("norm_stats"), source)
     # Names and shapes from the shard headers: a checkpoint that does not fit fails here, before any data is read.
@@ -355,6 +357,7 @@ def _load_hf_openvla(
     names = from_hf_names(list(hf_shapes), arch.vision_spec)
     shapes = {names[name]: shape for name, shape in hf_shapes.items()}
     vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
+    vlm.attach_action_modules(spec)
     assign_weights(vlm, shapes, _renamed(iter_hf_shards(folder), names), source=str(folder), dtype=dtype)
     logger.info("Loaded HF OpenVLA checkpoint %s (%s, %s)", folder, arch.spec, dtype)
     return LoadedVLA(vlm, raw.get("norm_stats"), source)

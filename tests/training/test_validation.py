@@ -67,6 +67,7 @@ def boost(vlm: torch.nn.Module) -> Any:
 
 
 def make_validator(parts: dict[str, Any], data_root: Path, data_mix: str, **kwargs: Any):
+    from prismatic.models.action_heads import get_action_head
     from prismatic.training.validation import Validator
 
     return Validator(
@@ -75,8 +76,7 @@ def make_validator(parts: dict[str, Any], data_root: Path, data_mix: str, **kwar
         parts["batch_transform"],
         parts["resize_resolution"],
         parts["collator"],
-        action_tokenizer=parts["action_tokenizer"],
-        num_patches=parts["vlm"].num_patches,
+        head=get_action_head("tokens", parts["action_tokenizer"], parts["vlm"].num_prefix_tokens),
         **kwargs,
     )
 

@@ -368,6 +368,7 @@ class RLDSDataset(IterableDataset):
         future_action_window_size: int = 0,
         keep_raw_action: bool = False,
         options: DataOptions | None = None,
+        image_views: tuple[str, ...] = ("primary",),
     ) -> None:
         self.data_root_dir, self.data_mix, self.batch_transform = (
             Path(data_root_dir),
@@ -392,6 +393,7 @@ class RLDSDataset(IterableDataset):
             future_action_window_size=future_action_window_size,
             keep_raw_action=keep_raw_action,
             options=options,
+            image_views=image_views,
         )
         self.options = options or DataOptions()
         self.dataset = pipeline.dataset
@@ -426,6 +428,7 @@ class RLDSDataset(IterableDataset):
                     "future_action_window_size": future_action_window_size,
                     "data_options": (options or DataOptions()).to_dict(),
                     "keep_raw_action": keep_raw_action,
+                    "image_views": list(pipeline.image_views),
                     "frames_per_fetch": FRAMES_PER_FETCH,
                 }
             )

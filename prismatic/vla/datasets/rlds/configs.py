@@ -159,7 +159,7 @@ def _cams(
 register_dataset(
     RLDSDatasetConfig(
         name="toy_pick_place",
-        image_obs_keys=_cams("image"),
+        image_obs_keys=_cams("image", None, "wrist_image"),
         state_obs_keys=("state",),
         state_encoding=StateEncoding.POS_EULER,
         action_encoding=ActionEncoding.EEF_POS,

@@ -31,6 +31,10 @@ Each yielded frame (as NumPy via `.as_numpy_iterator()`):
      "task": {"language_instruction": bytes}, "action": float32[7] (normalised), "dataset_name": bytes}
 plus "observation.proprio" (float32[P], the config's state keys) with `options.load_proprio`, and "raw_action"
 (the standardised action before normalisation, same shape) when `keep_raw_action=True`.
+Camera views: `image_views` (default ("primary",)) names the cameras carried, each as "observation.image_<view>"
+uint8[H, W, 3] (views: primary, secondary, wrist; e.g. ("primary", "wrist") adds "observation.image_wrist"), all
+decoded and resized alike, augmented alike but with a draw of their own. A dataset whose config has no camera for
+a view gets an all-zero (black) image there, never augmented, as OpenVLA pads missing views.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ import numpy as np
 from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
 from prismatic.util.tf import import_tensorflow
-from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig, get_dataset_config
+from prismatic.vla.datasets.rlds.configs import CAMERA_VIEWS, RLDSDatasetConfig, get_dataset_config
 from prismatic.vla.datasets.rlds.mixtures import balance_sample_weights, get_mixture
 from prismatic.vla.datasets.rlds.normalization import normalize_tf
 from prismatic.vla.datasets.rlds.statistics import (
@@ -124,6 +128,7 @@ class RLDSPipeline:
             a damaged file named.
         from_sample: `from_sample(n)` is the same stream starting at frame n (as if built with `start_sample=n`),
             sharing everything upstream of the skip, so building it reads nothing.
+        image_views: the camera views frames carry, in order (`observation.image_<view>`).
     """
 
     dataset: Any
@@ -134,6 +139,7 @@ class RLDSPipeline:
     shuffle_buffer_gb: float = 0.0
     dataset_dirs: list[Path] = field(default_factory=list)
     from_sample: Callable[[int], Any] | None = None
+    image_views: tuple[str, ...] = ("primary",)
 
 
 # === Locating and reading datasets ===
@@ -300,13 +306,18 @@ def _episode_to_trajectory(episode: dict[str, Any]) -> dict[str, Any]:
 
 
 def _restructure(
-    traj: dict[str, Any], config: RLDSDatasetConfig, options: DataOptions, with_ids: bool = False
+    traj: dict[str, Any],
+    config: RLDSDatasetConfig,
+    options: DataOptions,
+    with_ids: bool = False,
+    image_views: Sequence[str] = ("primary",),
 ) -> dict[str, Any]:
     """Standardise one raw trajectory and keep what the frame format needs (still un-normalised).
 
-    Proprio (with `options.load_proprio`) is the concatenation of the config's state keys, one zero column per
-    `None`, as OpenVLA builds it. `with_ids` adds `episode_id` (tfds' record id: file and index) and
-    `observation.timestep` for the read API.
+    Each camera of `image_views` becomes `observation.image_<view>` (encoded bytes; "" where the config has no
+    key for that view, as OpenVLA pads, later decoded to a black image). Proprio (with `options.load_proprio`)
+    is the concatenation of the config's state keys, one zero column per `None`, as OpenVLA builds it.
+    `with_ids` adds `episode_id` (tfds' record id: file and index) and `observation.timestep` for the read API.
     """
     tf = import_tensorflow()
     traj = get_standardize_fn(config.standardize_fn)(traj)
@@ -319,14 +330,21 @@ def _restructure(
     num_steps = tf.shape(action)[0]
     obs = traj["observation"]
 
-    image_key = config.image_obs_keys["primary"]
-    if image_key is None:
-        image = tf.repeat("", num_steps)  # padding: decoded to a black image
-    else:
-        image = obs[image_key]
-        if image.dtype != tf.string:
-            raise ValueError(f"{config.name}: image '{image_key}' must be an encoded tfds Image feature.")
-    observation = {"image_primary": image}
+    observation = {}
+    for view in image_views:
+        image_key = config.image_obs_keys[view]
+        if image_key is None:
+            image = tf.repeat("", num_steps)  # padding (OpenVLA's): decoded to a black image
+        else:
+            if image_key not in obs:
+                raise ValueError(
+                    f"{config.name}: the standardised observation has no '{image_key}' (its {view} camera); it "
+                    f"holds {', '.join(sorted(obs))}."
+                )
+            image = obs[image_key]
+            if image.dtype != tf.string:
+                raise ValueError(f"{config.name}: image '{image_key}' must be an encoded tfds Image feature.")
+        observation[f"image_{view}"] = image
     if options.load_proprio and config.state_obs_keys:  # OpenVLA: no state keys, no proprio
         observation["proprio"] = proprio_of(obs, config, num_steps)
 
@@ -375,8 +393,9 @@ def _read_trajectories(
     repeat_seed: int | None = None,
     openvla_order: bool = False,
     with_ids: bool = False,
+    image_views: Sequence[str] = ("primary",),
 ) -> Any:
-    """Restructured (un-normalised) trajectories of `split`.
+    """Restructured (un-normalised) trajectories of `split`, carrying the cameras of `image_views`.
 
     Training reads `READ_CYCLE_LENGTH` files at once, one record per turn, and standardises
     `TRAJECTORY_PARALLEL_CALLS` trajectories at once (memory per dataset stays small; decoding is where its cores
@@ -430,7 +449,9 @@ def _read_trajectories(
     # so host memory does not grow with the mixture's size; the heavy per-frame work is parallelised later.
     calls = (os.cpu_count() or 1) if openvla_order else TRAJECTORY_PARALLEL_CALLS
     ds = ds.map(_episode_to_trajectory, num_parallel_calls=calls)
-    return ds.map(lambda traj: _restructure(traj, config, options, with_ids), num_parallel_calls=calls)
+    return ds.map(
+        lambda traj: _restructure(traj, config, options, with_ids, image_views), num_parallel_calls=calls
+    )
 
 
 def _split_name(builder: Any, train: bool) -> str:
@@ -617,6 +638,55 @@ def resolve_mixture_dirs(
     return found
 
 
+def check_image_views(
+    image_views: Sequence[str], configs: Sequence[RLDSDatasetConfig], data_mix: str
+) -> tuple[str, ...]:
+    """The camera views to carry, validated against the mixture's dataset configs.
+
+    A dataset without a camera for a requested view gets black images for it (OpenVLA pads with "" the same way);
+    that is logged once per pipeline. A view that no dataset of the mixture has would only ever be black, so it is
+    refused.
+
+    Raises:
+        ConfigError: no views, a repeated or unknown view (not one of `CAMERA_VIEWS`), or a view that no dataset
+            of `data_mix` has (the message lists the views each dataset has).
+    """
+    if isinstance(image_views, str):
+        image_views = (image_views,)
+    views = tuple(image_views)
+    unknown = [v for v in views if v not in CAMERA_VIEWS]
+    if unknown or not views or len(set(views)) != len(views):
+        problem = (
+            f"unknown view(s) {', '.join(repr(v) for v in unknown)}"
+            if unknown
+            else ("no view" if not views else "a view named twice")
+        )
+        raise ConfigError(
+            f"image_views={list(views)} has {problem}: frames carry one or more distinct camera views, each one "
+            f"of {', '.join(CAMERA_VIEWS)} (as a dataset config's image_obs_keys name them), e.g. "
+            "('primary', 'wrist')."
+        )
+    has = {c.name: [v for v in CAMERA_VIEWS if c.image_obs_keys[v] is not None] for c in configs}
+    for view in views:
+        if not any(c.image_obs_keys[view] is not None for c in configs):
+            listing = "; ".join(f"{name}: {', '.join(vs) or 'none'}" for name, vs in has.items())
+            raise ConfigError(
+                f"Camera view '{view}' was requested (image_views={list(views)}), but no dataset of mixture "
+                f"'{data_mix}' has a '{view}' camera, so every image of it would be black. Its datasets' views: "
+                f"{listing}. Request only views these datasets have (fewer images), or add the camera key to the "
+                "datasets' image_obs_keys in prismatic/vla/datasets/rlds/configs.py."
+            )
+    padded = [f"{c.name} ({view})" for c in configs for view in views if c.image_obs_keys[view] is None]
+    if padded:
+        logger.warning(
+            "Mixture '%s': these datasets have no camera for a requested view, so their frames get black images "
+            "for it (as OpenVLA pads missing views): %s.",
+            data_mix,
+            ", ".join(padded),
+        )
+    return views
+
+
 def default_shuffle_buffer_ram_gb() -> float:
     """RAM budget (GiB) of one rank's shuffle buffer: `$PRISMATIC_SHUFFLE_BUFFER_GB` if set, else half the
     machine's physical RAM divided among the node's ranks (`$LOCAL_WORLD_SIZE`, set by torchrun)."""
@@ -640,19 +710,23 @@ def estimate_frame_bytes(
     config: RLDSDatasetConfig,
     num_trajectories: int = 2,
     options: DataOptions | None = None,
+    image_views: Sequence[str] = ("primary",),
 ) -> float:
     """Mean bytes one frame occupies in the shuffle buffer, measured on the first trajectories of `split`.
 
-    Buffered frames hold the *encoded* primary image, the instruction, the dataset name, action and proprio
-    (everything else was dropped by `_restructure`), plus `FRAME_OVERHEAD_BYTES` of tf.data bookkeeping, times
-    the `ALLOCATOR_OVERHEAD` measured for those allocations.
+    Buffered frames hold the *encoded* images of `image_views`, the instruction, the dataset name, action and
+    proprio (everything else was dropped by `_restructure`), plus `FRAME_OVERHEAD_BYTES` of tf.data bookkeeping,
+    times the `ALLOCATOR_OVERHEAD` measured for those allocations.
     """
     total, count = 0, 0
-    trajectories = _read_trajectories(builder, split, config, options or DataOptions()).take(num_trajectories)
+    trajectories = _read_trajectories(
+        builder, split, config, options or DataOptions(), image_views=image_views
+    ).take(num_trajectories)
     with tfrecord_errors([Path(builder.data_dir)]):
         for traj in trajectories.as_numpy_iterator():
             num_steps = len(traj["action"])
-            total += sum(len(b) for b in traj["observation"]["image_primary"])
+            for view in image_views:
+                total += sum(len(b) for b in traj["observation"][f"image_{view}"])
             total += sum(len(b) for b in traj["task"]["language_instruction"]) + num_steps * len(config.name)
             total += traj["action"].nbytes + traj["observation"].get("proprio", traj["action"][:, :0]).nbytes
             count += num_steps
@@ -842,6 +916,7 @@ def make_interleaved_dataset(
     keep_raw_action: bool = False,
     options: DataOptions | None = None,
     recompute_stats: bool = False,
+    image_views: Sequence[str] = ("primary",),
 ) -> RLDSPipeline:
     """Build the frame stream of mixture `data_mix` for one rank (see module docstring).
 
@@ -862,17 +937,21 @@ def make_interleaved_dataset(
             or half the physical RAM shared by the node's ranks (`default_shuffle_buffer_ram_gb`).
         window_size, future_action_window_size: observation history length and number of future actions per
             frame (action chunking; see `_chunk`). The defaults (1, 0) give OpenVLA's single-step frames in the
-            format of the module docstring; otherwise `image_primary` is [W, H, W, 3], `proprio` [W, P],
+            format of the module docstring; otherwise each `image_<view>` is [W, H, W, 3], `proprio` [W, P],
             `observation.pad_mask` bool[W], `action` [W + F, A] and `action_pad_mask` bool[W + F], as OpenVLA's
             `chunk_act_obs` (the torch-side `RLDSBatchTransform` consumes single-step frames only).
         keep_raw_action: frames also carry `raw_action`, the standardised action before normalisation (for
             evaluation in robot units); off for training, where it would only cost buffer memory.
         options: statistics, filtering, proprio and chunking choices (`DataOptions`; defaults as OpenVLA).
         recompute_stats: compute every dataset's statistics again, ignoring (and overwriting) their caches.
+        image_views: the camera views frames carry, in order, each as `observation.image_<view>` (views of
+            `configs.CAMERA_VIEWS`: primary, secondary, wrist); a dataset without a camera for a view gets black
+            images for it (OpenVLA's padding). See `check_image_views`.
 
     Raises:
         ConfigError: unknown mixture, missing data folder or dataset(s), a dataset with fewer trajectories than
-            `world_size`, a shuffle buffer estimated not to fit its RAM budget, or an invalid argument.
+            `world_size`, a shuffle buffer estimated not to fit its RAM budget, an unknown camera view or one no
+            dataset of the mixture has, or an invalid argument.
     """
     tf = import_tensorflow()
     import tensorflow_datasets as tfds
@@ -898,6 +977,7 @@ def make_interleaved_dataset(
     configs = [config for config, _, _ in members]
     if len({c.action_dim for c in configs}) != 1:
         raise ConfigError(f"Datasets of mixture '{data_mix}' have different action dimensions.")
+    image_views = check_image_views(image_views, configs, data_mix)
 
     datasets, statistics, frame_bytes, proprio_widths = [], {}, [], {}
     for index, (config, _, dataset_dir) in enumerate(members):
@@ -921,7 +1001,10 @@ def make_interleaved_dataset(
                 f"world_size={world_size}: some ranks would get no data. Use fewer ranks or more data."
             )
         if train:
-            frame_bytes.append(window_size * estimate_frame_bytes(builder, split, config, options=options))
+            frame_bytes.append(
+                window_size
+                * estimate_frame_bytes(builder, split, config, options=options, image_views=image_views)
+            )
         rank_split = tfds.even_splits(split, n=world_size)[rank]
         trajectories = _read_trajectories(
             builder,
@@ -929,6 +1012,7 @@ def make_interleaved_dataset(
             config,
             options,
             repeat_seed=_seed(seed, rank, _PURPOSE_FILES, index) if train else None,
+            image_views=image_views,
         )
         # OpenVLA's order: normalise, drop unlabeled trajectories, chunk, flatten, then the per-dataset frame filter.
         calls = TRAJECTORY_PARALLEL_CALLS
@@ -1007,22 +1091,34 @@ def make_interleaved_dataset(
         )
 
     augment = train and image_aug
-    augment_seed = _seed(seed, rank, _PURPOSE_AUGMENT)
+    # One seed per camera (by its index in CAMERA_VIEWS, so the primary's is the single-view pipeline's): the
+    # views of a frame are augmented differently, as OpenVLA's `augment` (seed + i) does.
+    augment_seeds = {
+        view: _seed(seed, rank, _PURPOSE_AUGMENT, CAMERA_VIEWS.index(view)) for view in image_views
+    }
 
-    def decode_one(image_bytes: Any, position: Any) -> Any:
+    def decode_one(image_bytes: Any, position: Any, view: str) -> Any:
         image = _decode_and_resize(image_bytes, resize_resolution)
         if augment:  # one draw per frame position: every image of a history window gets the same augmentation
-            image = _augment(image, tf.stack([tf.constant(augment_seed, tf.int64), position]))
+            view_seed = tf.stack([tf.constant(augment_seeds[view], tf.int64), position])
+            # Padding images stay black (OpenVLA's `augment` skips them).
+            image = tf.cond(
+                tf.strings.length(image_bytes) > 0, lambda: _augment(image, view_seed), lambda: image
+            )
         return image
 
     def decode(position: Any, frame: dict[str, Any]) -> dict[str, Any]:
-        images = frame["observation"]["image_primary"]
-        if windowed:
-            frame["observation"]["image_primary"] = tf.map_fn(
-                lambda b: decode_one(b, position), images, fn_output_signature=tf.uint8
-            )
-        else:
-            frame["observation"]["image_primary"] = decode_one(images, position)
+        for view in image_views:
+            key = f"image_{view}"
+            images = frame["observation"][key]
+            if windowed:
+                frame["observation"][key] = tf.map_fn(
+                    functools.partial(decode_one, position=position, view=view),
+                    images,
+                    fn_output_signature=tf.uint8,
+                )
+            else:
+                frame["observation"][key] = decode_one(images, position, view)
         return frame
 
     options = tf.data.Options()
@@ -1052,4 +1148,5 @@ def make_interleaved_dataset(
         shuffle_buffer_gb=shuffle_buffer_gb,
         dataset_dirs=[dataset_dir for _, _, dataset_dir in members],
         from_sample=from_sample,
+        image_views=image_views,
     )

@@ -2,17 +2,20 @@
 
 Two datasets with different raw layouts, so the standardisation path is exercised:
 
-- `toy_pick_place`: steps/observation/{image (jpeg 64x64x3), state float32[8]}, steps/action float32[7] (gripper
-  already absolute, 1 = open), steps/language_instruction; 20 steps per episode.
-- `toy_push`: steps/observation/{agentview_rgb (jpeg 64x64x3), robot_state float32[7]}, steps/action as a dict
+- `toy_pick_place`: steps/observation/{image (jpeg 64x64x3), wrist_image (jpeg 64x64x3), state float32[8]},
+  steps/action float32[7] (gripper already absolute, 1 = open), steps/language_instruction; 20 steps per episode.
+- `toy_push`: steps/observation/{agentview_rgb (jpeg 64x64x3), robot_state float32[7]} (no wrist camera, so a
+  mixture of both exercises the padding of missing views), steps/action as a dict
   {world_vector[3], rotation_delta[3], gripper_closedness_action[1] in [-1, 1], +1 = close}; the instruction is
   stored once per episode in episode_metadata/instruction; 16 steps per episode.
 
 Both have the usual RLDS step fields (is_first / is_last / is_terminal / reward / discount), episode_metadata/
 file_path, and `train` (24 episodes) and `val` (4 episodes) splits of 4 files each. The data is learnable by a tiny model: the
 instruction names one of four tasks, the image background colour encodes the task and a white square's position
-encodes the timestep, and each action is a smooth function of (task, timestep) plus small noise. Everything is
-drawn from `seed`, so the same seed gives byte-identical files. Build with `build_toy_datasets(root)` or
+encodes the timestep (the wrist camera: the complementary colour, with a black bar whose height encodes the
+timestep, in the left half while the gripper is open, the right half while closed), and each action is a smooth
+function of (task, timestep) plus small noise. Everything is drawn from `seed`, so the same seed gives
+byte-identical files. Build with `build_toy_datasets(root)` or
 `python vla_scripts/build_toy_dataset.py --data_root_dir DIR`.
 """
 
@@ -99,6 +102,17 @@ def _render(color: np.ndarray, t: int, num_steps: int, row: int) -> np.ndarray:
     return image
 
 
+def _render_wrist(color: np.ndarray, t: int, num_steps: int, gripper_open: float) -> np.ndarray:
+    """The wrist camera: complementary background, a black bar whose height encodes the timestep, on the left
+    half while the gripper is open and the right half while it is closed (unlike any primary image)."""
+    image = np.empty((IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    image[:] = 255 - color
+    height = round(6 + t * (IMAGE_SIZE - 12) / (num_steps - 1))
+    left = 4 if gripper_open else IMAGE_SIZE // 2 + 4
+    image[IMAGE_SIZE - height :, left : left + IMAGE_SIZE // 2 - 8] = 0
+    return image
+
+
 def generate_toy_episode(name: str, split: str, index: int, seed: int = 0) -> dict[str, Any]:
     """One raw episode of toy dataset `name`, in the exact layout its builder writes (steps as a list).
 
@@ -133,9 +147,10 @@ def generate_toy_episode(name: str, split: str, index: int, seed: int = 0) -> di
     file_path = f"toy://{name}/{split}/{index:04d}"
     if name == "toy_pick_place":
         state = np.concatenate([pose, np.zeros((num_steps, 1), np.float32), gripper_state[:, None]], 1)
+        wrist = [_render_wrist(color, i, num_steps, gripper_state[i]) for i in range(num_steps)]
         steps = [
             {
-                "observation": {"image": images[i], "state": state[i]},
+                "observation": {"image": images[i], "wrist_image": wrist[i], "state": state[i]},
                 "action": np.concatenate([arm[i], gripper_open[i : i + 1]]).astype(np.float32),
                 "language_instruction": task.instruction,
                 **rlds_fields(i),
@@ -168,11 +183,16 @@ def generate_toy_episode(name: str, split: str, index: int, seed: int = 0) -> di
 def _features(tfds: Any, name: str) -> Any:
     """The tfds feature spec of toy dataset `name`."""
     f = tfds.features
-    image = f.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8, encoding_format="jpeg")
+
+    def image() -> Any:
+        return f.Image(shape=(IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8, encoding_format="jpeg")
+
     rlds_fields = rlds_step_features(f)
     if name == "toy_pick_place":
         step = {
-            "observation": f.FeaturesDict({"image": image, "state": f.Tensor(shape=(8,), dtype=np.float32)}),
+            "observation": f.FeaturesDict(
+                {"image": image(), "wrist_image": image(), "state": f.Tensor(shape=(8,), dtype=np.float32)}
+            ),
             "action": f.Tensor(shape=(7,), dtype=np.float32),
             "language_instruction": f.Text(),
             **rlds_fields,
@@ -181,7 +201,7 @@ def _features(tfds: Any, name: str) -> Any:
     else:
         step = {
             "observation": f.FeaturesDict(
-                {"agentview_rgb": image, "robot_state": f.Tensor(shape=(7,), dtype=np.float32)}
+                {"agentview_rgb": image(), "robot_state": f.Tensor(shape=(7,), dtype=np.float32)}
             ),
             "action": f.FeaturesDict(
                 {

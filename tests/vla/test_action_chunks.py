@@ -1,0 +1,53 @@
+"""The l1-chunk head's targets are the pipeline's future-action window (prismatic/models/action_heads.py,
+rlds/dataset.py): expectations read straight from the dataset files and normalised in NumPy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+K, D = 4, 7
+
+
+def test_chunk_targets_are_the_pipelines_future_window(toy_data_root: Path) -> None:
+    """What the head trains on (the collated `actions`) is each frame's next K actions of its own episode,
+    normalised as OpenVLA does (q01 / q99 of the masked dims), read here straight from the dataset files."""
+    from rlds_helpers import q99_normalize, raw_actions_and_proprio
+
+    from prismatic.models.action_heads import ActionSpec, build_action_head
+    from prismatic.models.backbones.llm.prompting import PurePromptBuilder
+    from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
+    from prismatic.vla.action_tokenizer import ActionTokenizer
+    from prismatic.vla.datasets import PaddedCollatorForActionPrediction, RLDSBatchTransform, RLDSDataset
+    from prismatic.vla.datasets.rlds.dataset import _split_name, load_builder
+
+    tokenizer = load_tiny_tokenizer()
+    head = build_action_head(ActionSpec(head="l1-chunk", chunk_size=K), ActionTokenizer(tokenizer), 0)
+    transform = RLDSBatchTransform(
+        ActionTokenizer(tokenizer),
+        tokenizer,
+        lambda image: torch.zeros(3, 1, 1),
+        PurePromptBuilder,
+        layout=head.layout,
+    )
+    dataset = RLDSDataset(
+        toy_data_root, "toy_pick_place", transform, (8, 8), 0, train=False, future_action_window_size=K - 1
+    )
+    directory = toy_data_root / "toy_pick_place" / "1.0.0"
+    episode = raw_actions_and_proprio(directory, _split_name(load_builder(directory), train=False))[0][
+        "action"
+    ]
+    stats = dataset.dataset_statistics["toy_pick_place"]["action"]
+    expected = q99_normalize(
+        episode, np.array(stats["q01"]), np.array(stats["q99"]), np.array(stats["mask"])
+    ).astype(np.float32)
+    frames = [frame for _, frame in zip(range(len(episode)), iter(dataset), strict=False)]
+    batch = PaddedCollatorForActionPrediction(512, tokenizer.pad_token_id)(frames)
+    assert batch["actions"].shape == (len(episode), K, D)
+    assert batch["action_mask"].sum(1).tolist() == [K * D] * len(episode)
+    for t in range(
+        len(episode) - K + 1
+    ):  # windows inside the episode (padding is pinned in test_data_parity)
+        np.testing.assert_allclose(batch["actions"][t].numpy(), expected[t : t + K], rtol=0, atol=2e-7)
