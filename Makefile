@@ -54,6 +54,7 @@ bench-data: $(STAMP)
 .PHONY: bench bench-train
 bench-train: $(STAMP)
 	$(BIN)/python benchmarks/bench_train.py --vla $(VLA) --nproc $(NPROC)
+	$(BIN)/python benchmarks/bench_train.py --vla $(VLA) --nproc $(NPROC) --action_head l1-chunk --chunk_size 8
 
 # Inference: predict_action latency, predict_action_batch actions/s at batch 1/8/32 (KV cache vs re-running), and
 # the server's requests/s and latency at concurrency 1 and 16 (dynamic batching vs --max_batch_size 1).

@@ -6,7 +6,9 @@ Without `--checkpoint` it measures the tiny preset (`tiny-vit+tiny-llama`, rando
 64x64 images. Prints p50 / p90 latency of single `predict_action` calls, then for each batch size the actions/s
 of KV-cached decoding and of re-running the full sequence every step (`use_cache=False`, what Hugging Face's
 `generate` does without a cache), and the two targets: batch 32 >= 8x the actions/s of batch 1, and KV-cached
-decoding >= 2x faster than re-running.
+decoding >= 2x faster than re-running. Then the chunk head (OpenVLA-OFT's parallel decoding, `--chunk_size` actions
+per forward) against the tokens head on the same tiny model and batch: actions/s of each and their ratio (target:
+the chunk head >= 10x the tokens head's actions/s at K = 8).
 """
 
 from __future__ import annotations
@@ -30,6 +32,20 @@ def tiny_policy(device: str):
     stats = {"q01": [-1.0] * 7, "q99": [1.0] * 7, "mask": [True] * 6 + [False]}
     device_t, dtype = resolve_device_dtype(device, None)
     return VLAPolicy(build_vlm(TINY_BASE_VLM), {"bench": {"action": stats}}, TINY_BASE_VLM, device_t, dtype)
+
+
+def tiny_chunk_policy(device: str, chunk_size: int):
+    """The same tiny model with an l1-chunk head (random weights) reading `chunk_size` 7-D actions per forward."""
+    from prismatic.inference.policy import VLAPolicy, resolve_device_dtype
+    from prismatic.models import build_vlm
+    from prismatic.models.action_heads import ActionSpec
+
+    torch.manual_seed(0)
+    vlm = build_vlm(TINY_BASE_VLM)
+    vlm.attach_action_modules(ActionSpec(head="l1-chunk", chunk_size=chunk_size, action_dim=7))
+    stats = {"q01": [-1.0] * 7, "q99": [1.0] * 7, "mask": [True] * 6 + [False]}
+    device_t, dtype = resolve_device_dtype(device, None)
+    return VLAPolicy(vlm, {"bench": {"action": stats}}, TINY_BASE_VLM, device_t, dtype)
 
 
 def requests_for(policy, batch_size: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[str]]:
@@ -62,6 +78,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--seconds", type=float, default=3.0, help="minimum measuring time per figure")
+    parser.add_argument(
+        "--chunk_size", type=int, default=8, help="K of the chunk-head comparison (tiny model)"
+    )
+    parser.add_argument("--chunk_batch_size", type=int, default=8, help="batch of the chunk-head comparison")
     args = parser.parse_args()
 
     if args.checkpoint is None:
@@ -100,6 +120,30 @@ def main() -> None:
         print(
             f"batch 32 vs batch 1: {ratio:.1f}x actions/s (target >= 8x: {'met' if ratio >= 8 else 'MISSED'})"
         )
+    compare_heads(args.device, args.chunk_size, args.chunk_batch_size, args.seconds, rng)
+
+
+def compare_heads(
+    device: str, chunk_size: int, batch_size: int, seconds: float, rng: np.random.Generator
+) -> None:
+    """Actions/s of the tiny model's tokens head (one forward per action dimension, KV-cached) and of its l1-chunk
+    head (every action of a K-chunk in one forward), on the same batch of requests."""
+    tokens, chunk = tiny_policy(device), tiny_chunk_policy(device, chunk_size)
+    images, tasks = requests_for(tokens, batch_size, rng)
+    token_s = statistics.median(timed(lambda: tokens.predict_action_batch(images, tasks, "bench"), seconds))
+    chunk_s = statistics.median(timed(lambda: chunk.predict_action_batch(images, tasks, "bench"), seconds))
+    token_rate, chunk_rate = batch_size / token_s, batch_size * chunk_size / chunk_s
+    ratio = chunk_rate / token_rate
+    print(f"heads, tiny model, batch {batch_size}: actions/s (one action = one 7-D robot command)")
+    print(
+        f"  tokens   (7 forwards, 1 action): {token_rate:>10.1f} actions/s, {1e3 * token_s:.1f} ms per batch"
+    )
+    print(
+        f"  l1-chunk (1 forward, K={chunk_size}):     {chunk_rate:>10.1f} actions/s, {1e3 * chunk_s:.1f} ms per batch"
+    )
+    print(
+        f"  l1-chunk vs tokens: {ratio:.1f}x actions/s (target >= 10x: {'met' if ratio >= 10 else 'MISSED'})"
+    )
 
 
 if __name__ == "__main__":

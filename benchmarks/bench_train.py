@@ -1,6 +1,7 @@
 """Training throughput benchmark: runs `vla_scripts/train.py` under torchrun and prints samples/s and step time.
 
-    python benchmarks/bench_train.py [--vla tiny+mx-toy] [--nproc 2] [--steps 60] [--strategy fsdp-full-shard]
+    python benchmarks/bench_train.py [--vla tiny+mx-toy] [--nproc 2] [--steps 60] [--strategy fsdp-full-shard] \
+        [--action_head tokens|l1-chunk] [--chunk_size 8]
 
 Builds the toy RLDS mixture in a temporary folder if `--data_root_dir` is not given. Figures are medians over
 the steps after `--warmup`, read from the run's metrics.jsonl (what training itself measured), plus the wall
@@ -30,7 +31,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--strategy", default="fsdp-full-shard")
     parser.add_argument("--data_root_dir", type=Path, default=None)
+    parser.add_argument("--action_head", default="tokens", help="tokens or l1-chunk (--vla.action_head)")
+    parser.add_argument("--chunk_size", type=int, default=None, help="default: 1 for tokens, 8 for l1-chunk")
     args = parser.parse_args()
+    chunk_size = args.chunk_size or (1 if args.action_head == "tokens" else 8)
 
     with tempfile.TemporaryDirectory() as tmp:
         data_root = args.data_root_dir or Path(tmp) / "data"
@@ -63,6 +67,10 @@ def main() -> int:
             str(args.steps),
             "--vla.train_strategy",
             args.strategy,
+            "--vla.action_head",
+            args.action_head,
+            "--vla.chunk_size",
+            str(chunk_size),
             "--data_root_dir",
             str(data_root),
             "--run_root_dir",
@@ -87,7 +95,8 @@ def main() -> int:
     step_s = statistics.median(r["step_time_s"] for r in records)
     sps = statistics.median(r["samples_per_s"] for r in records)
     print(
-        f"bench-train {args.vla} {args.strategy} nproc={args.nproc}: {sps:.1f} samples/s, "
+        f"bench-train {args.vla} {args.strategy} head={args.action_head} K={chunk_size} nproc={args.nproc}: "
+        f"{sps:.1f} samples/s, "
         f"{step_s * 1000:.1f} ms/step (median of {len(records)} steps), launch wall {wall:.1f} s"
     )
     return 0

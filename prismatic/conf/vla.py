@@ -25,7 +25,9 @@ if typing.TYPE_CHECKING:
 
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
 TRAIN_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp")
-ACTION_HEADS = ("tokens", "l1-chunk")  # prismatic/models/action_heads.py registers one head per name
+# The choices of --vla.action_head: prismatic/models/action_heads.py registers one head per name; a plugin that adds
+# a head appends its name here (the config stays torch-free, so it cannot read that registry).
+ACTION_HEADS = ["tokens", "l1-chunk"]
 
 
 @dataclass
