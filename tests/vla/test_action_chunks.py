@@ -51,3 +51,44 @@ def test_chunk_targets_are_the_pipelines_future_window(toy_data_root: Path) -> N
         len(episode) - K + 1
     ):  # windows inside the episode (padding is pinned in test_data_parity)
         np.testing.assert_allclose(batch["actions"][t].numpy(), expected[t : t + K], rtol=0, atol=2e-7)
+
+
+def test_two_views_are_stacked_on_the_channel_axis(toy_data_root: Path) -> None:
+    """`--vla.num_images 2`: the transform puts the primary image's channels first and the wrist image's after,
+    the layout `PrismaticVLM.prefix_embeddings` splits; proprio is the frame's own (the window's last)."""
+    from prismatic.conf.data import DataOptions
+    from prismatic.models.action_heads import ActionSpec, build_action_head
+    from prismatic.models.backbones.llm.prompting import PurePromptBuilder
+    from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
+    from prismatic.vla.action_tokenizer import ActionTokenizer
+    from prismatic.vla.datasets import RLDSBatchTransform, RLDSDataset
+    from prismatic.vla.datasets.datasets import views_for
+
+    tokenizer = load_tiny_tokenizer()
+
+    def to_tensor(image):  # the image as it arrives, channels first (PIL path: not a recognised transform)
+        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+
+    head = build_action_head(ActionSpec(head="l1-chunk", chunk_size=2), ActionTokenizer(tokenizer), 0)
+    transform = RLDSBatchTransform(
+        ActionTokenizer(tokenizer),
+        tokenizer,
+        to_tensor,
+        PurePromptBuilder,
+        layout=head.layout,
+        views=views_for(2),
+        use_proprio=True,
+    )
+    stream = {"train": False, "future_action_window_size": 1, "options": DataOptions(load_proprio=True)}
+    raw = RLDSDataset(
+        toy_data_root, "toy_pick_place", lambda f: f, (8, 8), 0, image_views=("primary", "wrist"), **stream
+    )
+    frames = [f for _, f in zip(range(3), iter(raw), strict=False)]
+    for frame in frames:
+        out = transform(frame)
+        observation = frame["observation"]
+        assert out["pixel_values"].shape == (6, 8, 8)
+        assert torch.equal(out["pixel_values"][:3], to_tensor(observation["image_primary"][-1]))
+        assert torch.equal(out["pixel_values"][3:], to_tensor(observation["image_wrist"][-1]))
+        assert not torch.equal(out["pixel_values"][:3], out["pixel_values"][3:])
+        np.testing.assert_array_equal(out["proprio"], observation["proprio"][-1])
