@@ -232,7 +232,12 @@ def test_policy_returns_unnormalised_chunks_and_hf_export_round_trips(chunk_vlm,
     stats = {
         "only": {
             "action": {"q01": q01.tolist(), "q99": q99.tolist(), "mask": mask},
-            "proprio": {"q01": p01.tolist(), "q99": p99.tolist()},
+            "proprio": {
+                "q01": p01.tolist(),
+                "q99": p99.tolist(),
+                "min": (p01 - 1).tolist(),
+                "max": (p99 + 1).tolist(),
+            },
         }
     }
     run = _write_chunk_run(tmp_path / "run", chunk_vlm, stats)
