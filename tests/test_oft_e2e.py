@@ -17,7 +17,17 @@ STEPS = 40
 @pytest.fixture(scope="module")
 def oft_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_root = tmp_path_factory.mktemp("oft")
-    args = tiny_args(toy_data_root, run_root, "oft", "--trackers", "[jsonl]")
+    args = tiny_args(
+        toy_data_root,
+        run_root,
+        "oft",
+        "--trackers",
+        "[jsonl]",
+        "--eval.interval",
+        str(STEPS),
+        "--eval.num_batches",
+        "1",
+    )
     args[args.index("tiny+mx-toy")] = "tiny-oft+mx-toy"
     args[args.index("--vla.max_steps") + 1] = str(STEPS)
     args[args.index("--save_interval") + 1] = str(STEPS)
@@ -37,6 +47,7 @@ def test_l1_loss_falls_and_metrics_are_the_heads(oft_run: Path) -> None:
     # The L1 head's loss is its L1 (micro-batch means in float32 vs the step's float64 ratio of sums).
     assert all(r["loss"] == pytest.approx(r["l1_loss"], rel=1e-5) for r in records)
     assert "action_accuracy" not in records[0] and {f"l1_dim{d}" for d in range(7)} <= set(records[0])
+    assert records[-1]["val/loss"] == records[-1]["val/l1_loss"] and "val/toy_push/l1_dim6" in records[-1]
     spec = json.loads((oft_run / "action_model.json").read_text())
     assert spec == {"head": "l1-chunk", "chunk_size": K, "action_dim": 7, "proprio_dim": 8, "num_images": 1}
 

@@ -303,4 +303,7 @@ class PrismaticVLM(nn.Module):
         spec = self.action_spec
         # Every row holds exactly chunk_size * action_dim action positions, in order (the head's layout).
         slots = hidden[full_actions].view(batch_size, spec.chunk_size, spec.action_dim * hidden.shape[-1])
-        return ActionChunkOutput(actions=self.action_head(slots))
+        actions = self.action_head(slots)
+        # FSDP2 hooks the output for backward; a view (Linear's 3D output is one) would warn that an in-place op on
+        # it could skip that hook.
+        return ActionChunkOutput(actions=actions.clone() if actions._is_view() else actions)
