@@ -174,6 +174,18 @@ CASES = [
         ("Unknown train_strategy 'fsdp2'", "fsdp-full-shard, fsdp-shard-grad-op, ddp"),
     ),
     Case(
+        "unknown-action-head",
+        "train",
+        (*TINY, "--vla.action_head", "l1_chunk"),
+        ("Unknown action_head 'l1_chunk'", "tokens, l1-chunk"),
+    ),
+    Case(
+        "chunk-with-tokens-head",
+        "train",
+        (*TINY, "--vla.chunk_size", "8"),
+        ("--vla.chunk_size=8 needs a chunk head", "--vla.action_head l1-chunk"),
+    ),
+    Case(
         "unknown-tracker",
         "train",
         (*TINY, "--trackers", "jsnol"),
