@@ -301,7 +301,13 @@ CASES = [
         "merge-missing-out",
         "merge_lora",
         ("--checkpoint", "{tmp}/a_file.txt"),
-        ("Missing required flag: --out_dir",),
+        ("Pass --out_dir (the merged run folder to write) and/or --adapter_out",),
+    ),
+    Case(
+        "merge-checkpoint-and-adapter",
+        "merge_lora",
+        ("--checkpoint", "{tmp}/a_file.txt", "--adapter", "{tmp}/a_file.txt", "--out_dir", "{tmp}/out"),
+        ("Pass exactly one of --checkpoint", "--adapter (an adapter folder)"),
     ),
     Case(
         "merge-dtype",

@@ -3,6 +3,15 @@ r"""Merge a LoRA run's adapters into plain weights: a run folder anyone can load
     python vla_scripts/merge_lora.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01 \
         --out_dir runs/<run_id>-merged [--hf_out_dir hf/<run_id>]
 
+Or keep the adapters alone (a few MB per run, peft's format) and merge them onto their base on demand:
+
+    python vla_scripts/merge_lora.py --checkpoint runs/<run_id> --adapter_out adapters/<run_id>
+    python vla_scripts/merge_lora.py --adapter adapters/<run_id> [--base <base model>] --out_dir runs/<run_id>-merged
+
+`--adapter_out` writes `adapter_config.json` + `adapter_model.safetensors` (`peft.PeftModel.from_pretrained(base,
+folder)` loads them) and records the base model's id and a fingerprint of its weights; `--adapter` checks that the
+base (default: the recorded id) holds those weights before merging (prismatic/models/peft_adapters.py).
+
 Writes `<out_dir>/config.json` (Prismatic's `model` block plus the run's `vla` block), `<out_dir>/checkpoints/
 latest-checkpoint.pt` (`{"model": {vision_backbone, projector, llm_backbone}}`, FP32, keys as a model built
 without LoRA has them) and the run's `dataset_statistics.json`; `--hf_out_dir` also writes the HF OpenVLA layout.
@@ -26,19 +35,38 @@ HF_DTYPES = ("bfloat16", "float32", "float16")
 class MergeConfig:
     """Flags of vla_scripts/merge_lora.py (example above)."""
 
-    checkpoint: Path  # a LoRA run's checkpoints/step-* folder or older *.pt (or the run folder: its newest)
-    out_dir: Path  # the merged run folder to write
+    checkpoint: Path | None = (
+        None  # a LoRA run's checkpoints/step-* folder or older *.pt (or the run folder: its newest)
+    )
+    out_dir: Path | None = None  # the merged run folder to write
+    adapter_out: Path | None = None  # write the checkpoint's adapters as a peft adapter folder here
+    adapter: Path | None = None  # merge this adapter folder (from --adapter_out) instead of a checkpoint
+    base: str | None = None  # with --adapter: the base model (default: the id the adapter records)
     hf_out_dir: Path | None = None  # also export the merged model in the HF OpenVLA layout
     hf_dtype: str = "bfloat16"  # dtype of the HF export: bfloat16, float32 or float16
     hf_token: str | None = None  # for backbones whose config / tokenizer come from a gated Hub repo
 
     def __post_init__(self) -> None:
         # Checked while parsing, before torch and the model load.
-        if not self.checkpoint.exists():
-            raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
+        if (self.checkpoint is None) == (self.adapter is None):
+            raise ConfigError(
+                "Pass exactly one of --checkpoint (a LoRA run or checkpoint) and --adapter (an adapter folder)."
+            )
+        if self.out_dir is None and self.adapter_out is None:
+            raise ConfigError(
+                "Pass --out_dir (the merged run folder to write) and/or --adapter_out (with --checkpoint)."
+            )
+        if self.adapter_out is not None and self.checkpoint is None:
+            raise ConfigError(
+                "--adapter_out writes a checkpoint's adapters: pass --checkpoint, not --adapter."
+            )
+        source = self.checkpoint if self.checkpoint is not None else self.adapter
+        if not source.exists():
+            flag = "--checkpoint" if self.checkpoint is not None else "--adapter"
+            raise ConfigError(f"{flag} '{source}' does not exist.")
         if self.hf_dtype not in HF_DTYPES:
             raise ConfigError(f"Unknown --hf_dtype '{self.hf_dtype}'. Valid choices: {', '.join(HF_DTYPES)}.")
-        for name in ("out_dir", "hf_out_dir"):
+        for name in ("out_dir", "hf_out_dir", "adapter_out"):
             path = getattr(self, name)
             if path is not None and path.exists() and not path.is_dir():
                 raise ConfigError(f"--{name} '{path}' is a file; pass a folder to write into.")
@@ -51,10 +79,22 @@ def merge(cfg: MergeConfig) -> Path:
     from prismatic.models.loading import LATEST_CHECKPOINT, load_vla, model_config, spec_of
     from prismatic.training.checkpointing import atomic_torch_save, group_by_module
 
-    run_dir = run_folder_of(cfg.checkpoint)
-    loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token)
+    if cfg.adapter is not None:
+        from prismatic.models.peft_adapters import load_adapter
+
+        run_dir = cfg.adapter
+        loaded = load_adapter(cfg.adapter, base=cfg.base, hf_token=cfg.hf_token)
+    else:
+        run_dir = run_folder_of(cfg.checkpoint)
+        loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token)
     spec = spec_of(loaded.vlm)
     config = model_config(loaded.vlm)
+    if not loaded.vlm.action_spec.is_default:
+        from prismatic.models.checkpoint_format import ACTION_MODEL_FILE
+
+        write_json_atomic(
+            cfg.out_dir / ACTION_MODEL_FILE, loaded.vlm.action_spec.to_dict(), "the action spec"
+        )
     if (run_dir / "config.json").is_file():
         vla = json.loads((run_dir / "config.json").read_text()).get("vla")
         if vla is not None:
@@ -78,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = parse_config(MergeConfig, argv, doc=__doc__)
     setup_logging(0)
-    print(f"Wrote {merge(cfg)}")
+    if cfg.adapter_out is not None:
+        from prismatic.models.peft_adapters import export_adapter
+
+        print(f"Wrote {export_adapter(cfg.checkpoint, cfg.adapter_out)}")
+    if cfg.out_dir is not None:
+        print(f"Wrote {merge(cfg)}")
     return 0
 
 
