@@ -33,7 +33,7 @@ import torch
 from prismatic.models.checkpoint_format import ACTION_MODEL_FILE, load_checkpoint_file, run_folder_of
 from prismatic.models.lora import ADAPTER_NAME, lora_targets_in_state_dict
 from prismatic.util.errors import ConfigError
-from prismatic.util.files import write_json_atomic
+from prismatic.util.files import normal_permissions, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +109,10 @@ def export_adapter(checkpoint: Path, out_dir: Path) -> Path:
         f"{PEFT_PREFIX}{k.replace(f'.{ADAPTER_NAME}.', '.')}": v.contiguous() for k, v in adapters.items()
     }
     save_file(peft_names, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    normal_permissions(out_dir / ADAPTER_WEIGHTS)  # safetensors writes 0600; shared lab folders need the umask's
     if action:
         save_file({k: v.contiguous() for k, v in action.items()}, str(out_dir / ACTION_WEIGHTS))
+        normal_permissions(out_dir / ACTION_WEIGHTS)
     for name in (ACTION_MODEL_FILE, "dataset_statistics.json"):
         if (run_dir / name).is_file():
             (out_dir / name).write_bytes((run_dir / name).read_bytes())
