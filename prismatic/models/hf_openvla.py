@@ -343,7 +343,9 @@ def export_hf_openvla(
     if not vlm.action_spec.is_default:
         # OpenVLA's own HF code decodes tokens only; `prismatic.load_policy` reads the head from this file.
         config["action_model"] = vlm.action_spec.to_dict()
-        write_json_atomic(out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the HF export's action spec")
+        write_json_atomic(
+            out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the HF export's action spec"
+        )
     write_json_atomic(out_dir / "config.json", config, "the HF export's config")
     image_cfg, processor_cfg = _processor_configs(vlm, spec)
     write_json_atomic(

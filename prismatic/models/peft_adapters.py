@@ -109,7 +109,8 @@ def export_adapter(checkpoint: Path, out_dir: Path) -> Path:
         f"{PEFT_PREFIX}{k.replace(f'.{ADAPTER_NAME}.', '.')}": v.contiguous() for k, v in adapters.items()
     }
     save_file(peft_names, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    normal_permissions(out_dir / ADAPTER_WEIGHTS)  # safetensors writes 0600; shared lab folders need the umask's
+    # safetensors writes 0600; shared lab folders need the umask's permissions.
+    normal_permissions(out_dir / ADAPTER_WEIGHTS)
     if action:
         save_file({k: v.contiguous() for k, v in action.items()}, str(out_dir / ACTION_WEIGHTS))
         normal_permissions(out_dir / ACTION_WEIGHTS)
