@@ -43,19 +43,19 @@ SIDECAR = "prismatic_adapter.json"
 ACTION_WEIGHTS = "action_modules.safetensors"
 ACTION_MODULES = ("action_head", "proprio_projector")
 PEFT_PREFIX = "base_model.model."  # how a PeftModel's state dict names the wrapped model's parameters
-_SAMPLE = 4096  # values per tensor that enter the fingerprint (with its shape, dtype-free sum and norm)
 
 
 def base_fingerprint(weights: Mapping[str, torch.Tensor]) -> str:
-    """A hash of the base weights: every tensor's name, shape, first values and sums, in float32 (so the base may
-    be loaded in another dtype only if it rounds to the same float32 values). Cheap at 7B: a few values per tensor
-    plus one pass for the sums."""
+    """SHA-256 of the base weights: every tensor's name, shape and every value rounded to bf16. The rounding makes
+    a base stored in bf16 (frozen weights of a bf16 mixed-precision FSDP run) match the FP32 model it came from; no
+    floating-point reduction enters, so the hash is the same on every machine."""
     digest = hashlib.sha256()
     for name in sorted(weights):
-        tensor = weights[name].detach().to("cpu", torch.float32).reshape(-1)
-        digest.update(f"{name}:{tuple(weights[name].shape)}".encode())
-        digest.update(tensor[:_SAMPLE].numpy().tobytes())
-        digest.update(torch.stack([tensor.double().sum(), tensor.double().abs().sum()]).numpy().tobytes())
+        tensor = weights[name].detach().to("cpu")
+        digest.update(f"{name}:{tuple(tensor.shape)}".encode())
+        if tensor.is_floating_point():
+            tensor = tensor.to(torch.bfloat16).view(torch.int16)
+        digest.update(tensor.contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -147,3 +147,20 @@ def test_merge_lora_cli_writes_and_merges_adapters(lora_run, make_batch, tmp_pat
     with pytest.raises(SystemExit) as exit_info:  # nothing to write: a one-paragraph error, exit code 2
         module.main(["--adapter", str(tmp_path / "adapter")])
     assert exit_info.value.code == 2
+
+
+def test_fingerprint_accepts_a_base_stored_in_bf16_and_nothing_else() -> None:
+    """A bf16 mixed-precision FSDP run stores its frozen base in bf16: that must match the FP32 base it came from;
+    a change in any value that survives bf16 rounding must not."""
+    from prismatic.models.peft_adapters import base_fingerprint
+
+    generator = torch.Generator().manual_seed(0)
+    fp32 = {
+        "a.weight": torch.randn((8, 4), generator=generator),
+        "b.bias": torch.randn(3, generator=generator),
+    }
+    stored = {k: v.to(torch.bfloat16) for k, v in fp32.items()}
+    assert base_fingerprint(stored) == base_fingerprint(fp32)
+    changed = {**fp32, "b.bias": fp32["b.bias"].clone()}
+    changed["b.bias"][1] += 0.5
+    assert base_fingerprint(changed) != base_fingerprint(fp32)
