@@ -27,8 +27,9 @@ demo: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/torchrun --standalone --nnodes 1 --nproc-per-node $(NPROC) \
 		vla_scripts/train.py --vla.type $(VLA) --data_root_dir $(DATA_ROOT) --run_root_dir $(RUN_ROOT) --run_id demo
 
+# Two pytest-xdist workers (a module stays on one worker, tests/conftest.py), so the suite fits CI's 2 cores.
 test: $(STAMP)
-	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q
+	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadgroup
 
 check: $(STAMP)
 	$(BIN)/ruff check prismatic vla_scripts tests benchmarks
@@ -84,3 +85,15 @@ bench-data-resume: $(STAMP)
 
 # All benchmarks; each prints its figures.
 bench: bench-data bench-train bench-predict bench-serve bench-load bench-checkpoint bench-startup bench-data-resume
+
+# Mutation testing (cosmic-ray) of the modules that decide the numbers users depend on, against their fast tests,
+# in a private copy of the tree (the checkout is never mutated). Prints per module and in total: mutants, killed,
+# survived, judged equivalent (mutation/equivalent.toml), timeouts and the score. Slow (~20 min on one core), not
+# part of CI. Installs the `mutation` extra's tools only (not the project again). Some modules:
+# `make mutation MUTATION_ARGS="--modules metrics lora"` (see mutation/README.md).
+MUTATION_ARGS ?=
+.PHONY: mutation
+mutation: $(STAMP)
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['mutation'])" \
+		| xargs $(BIN)/pip install --quiet --disable-pip-version-check
+	$(BIN)/python mutation/run.py $(MUTATION_ARGS)

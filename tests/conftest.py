@@ -37,3 +37,17 @@ def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     proc = run_train(args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return run_root / "full"
+
+
+# Modules whose tests share the `full_run` reference run: kept on one pytest-xdist worker so it is trained once.
+FULL_RUN_MODULES = {"test_train_e2e.py", "test_resume_e2e.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n 2 --dist loadgroup` (make test) a module runs on one worker, so its module- and session-
+    scoped fixtures (toy runs, tiny models) are built once per worker at most."""
+    for item in items:
+        group = (
+            "full_run" if item.path.name in FULL_RUN_MODULES else str(item.path.relative_to(config.rootpath))
+        )
+        item.add_marker(pytest.mark.xdist_group(group))

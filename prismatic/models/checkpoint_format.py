@@ -227,7 +227,11 @@ def latest_checkpoint(folder: Path) -> Path:
     for name in (MODEL_SAFETENSORS, LEGACY_LATEST):
         if (checkpoints / name).is_file():
             return checkpoints / name
-    files = sorted(checkpoints.glob("step-*.pt"))
+    # By step number, not by name: "step-1000000-..." sorts before "step-999999-..." as text.
+    files = sorted(
+        (f for f in checkpoints.glob("step-*.pt") if CHECKPOINT_FILE.match(f.name)),
+        key=lambda f: int(CHECKPOINT_FILE.match(f.name)["step"]),
+    )
     if not files:
         raise ConfigError(
             f"Run folder '{folder}' has no complete checkpoint: no step-* folder with {DCP_METADATA} and "

@@ -31,7 +31,9 @@ def _logits(vlm, batch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("base_vlm_id", ["tiny-vit+tiny-llama", "tiny-dinosiglip+tiny-llama"])
-def test_lora_trains_adapters_only_and_merges_exactly(base_vlm_id: str, make_batch, tmp_path: Path) -> None:
+def test_lora_trains_adapters_only_and_merges_to_the_adapter_logits(
+    base_vlm_id: str, make_batch, tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     vlm = build_vlm(base_vlm_id)
     plain_keys = set(vlm.state_dict())
@@ -55,7 +57,8 @@ def test_lora_trains_adapters_only_and_merges_exactly(base_vlm_id: str, make_bat
 
     merged = merge_lora(vlm)
     assert not has_lora(merged) and set(merged.state_dict()) == plain_keys
-    torch.testing.assert_close(_logits(merged, batch), adapter_logits, rtol=1e-5, atol=1e-5)
+    # (W + s B A) x rounds differently from W x + s B (A x): equal to FP32 rounding (|logits| < 1, ~4e-7 seen).
+    torch.testing.assert_close(_logits(merged, batch), adapter_logits, rtol=1e-6, atol=2e-6)
     assert not torch.allclose(_logits(merged, batch), _logits(_plain(base_vlm_id, before), batch))
 
 
@@ -88,7 +91,7 @@ def test_lora_run_folder_loads_merged(make_batch, tmp_path: Path) -> None:
     torch.save({"model": grouped}, run / "checkpoints" / "step-000003-epoch-00-loss=1.0000.pt")
     loaded = load_vla(run).vlm
     assert not has_lora(loaded)
-    torch.testing.assert_close(_logits(loaded, batch), adapter_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_logits(loaded, batch), adapter_logits, rtol=1e-6, atol=2e-6)
 
 
 def test_bad_lora_settings() -> None:

@@ -41,7 +41,7 @@ def test_tiny_vit_features_skip_prefix_tokens_and_last_block() -> None:
     assert features.shape == (2, 16, 48)
     # Same as timm's own "second-to-last block, no norm, prefix tokens dropped" (Prismatic's features).
     (expected,) = backbone.featurizer.get_intermediate_layers(pixel_values, n=[1])
-    torch.testing.assert_close(features, expected)
+    assert torch.equal(features, expected)
 
 
 def test_copies_run_their_own_weights() -> None:
