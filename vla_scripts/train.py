@@ -398,6 +398,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         collate_fn=collator,
         num_workers=0,
         pin_memory=dist_info.device.type == "cuda",
+        # `iter(loader)` draws a worker base seed; from its own generator, not torch's global one, which holds the
+        # checkpoint's restored state: dropout masks after a resume must continue the saved run's stream.
+        generator=torch.Generator(),
     )
     metrics = StepMetrics(sorted(dataset.dataset_statistics), head, dist_info.device)
     plan = LoopPlan(

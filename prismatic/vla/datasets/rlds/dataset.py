@@ -995,6 +995,13 @@ def make_interleaved_dataset(
 
         split = _split_name(builder, train)
         num_trajectories = int(builder.info.splits[split].num_examples)
+        if num_trajectories == 0 and split == "train[95%:]":
+            total = int(builder.info.splits["train"].num_examples)
+            raise ConfigError(
+                f"Dataset '{config.name}' has no 'val' split, and the last 5% of its {total} 'train' trajectories "
+                "(what is held out for validation then, as OpenVLA does) rounds to no trajectory at all. Write a 'val' split (convert_to_rlds.py --val_fraction), "
+                "record more episodes, or run without evaluation (leave out --eval.interval)."
+            )
         if num_trajectories < world_size:
             raise ConfigError(
                 f"Dataset '{config.name}' has {num_trajectories} trajectories in split '{split}', fewer than "
