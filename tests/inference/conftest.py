@@ -13,28 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+from hand_stats import hand_stats
 
 BASE_VLM = "tiny-vit+tiny-llama"
-
-
-def hand_stats(action_dim: int = 7, shift: float = 0.0) -> dict[str, Any]:
-    """Action statistics in OpenVLA's layout with distinct, hand-picked values per dimension (gripper unmasked)."""
-    q01 = [-0.5 - 0.1 * d + shift for d in range(action_dim)]
-    q99 = [0.25 + 0.2 * d + shift for d in range(action_dim)]
-    return {
-        "action": {
-            "mean": [0.0] * action_dim,
-            "std": [1.0] * action_dim,
-            "min": [v - 1 for v in q01],
-            "max": [v + 1 for v in q99],
-            "q01": q01,
-            "q99": q99,
-            "mask": [True] * (action_dim - 1) + [False],
-        },
-        "proprio": {k: [0.0] * 8 for k in ("mean", "std", "min", "max", "q01", "q99")},
-        "num_transitions": 100,
-        "num_trajectories": 5,
-    }
 
 
 def write_run_folder(

@@ -27,7 +27,7 @@ import json_numpy
 import numpy as np
 import pytest
 import requests
-from conftest import hand_stats
+from hand_stats import hand_stats
 
 # Imported before any test patches `json`: numpy.testing's import calls json.loads in a way json_numpy breaks.
 from numpy.testing import assert_array_equal

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from openvla_tables import OPENVLA_LLM_TABLE, OPENVLA_VISION_TABLE
 
 from prismatic.models import LLM_BACKBONES, VISION_BACKBONES, build_vlm
 from prismatic.models.hf_openvla import hf_config_dict
@@ -182,44 +183,6 @@ def test_openvla_decodes_our_action_tokens_to_our_actions(exported):
     # (mask False) is left normalised: 1 is the last bin, centred at 1 - 1/255.
     assert actions[0] == pytest.approx(-0.5 + 1 / 510, rel=0, abs=1e-12)
     assert actions[6] == pytest.approx(1 - 1 / 255, rel=0, abs=1e-12)
-
-
-# OpenVLA's configuration_prismatic.py tables, copied by hand: vision id -> (timm ids, image sizes, act layers).
-OPENVLA_VISION_TABLE = {
-    "clip-vit-l": (["vit_large_patch14_clip_224.openai"], [224], ["quick_gelu"]),
-    "siglip-vit-so400m": (["vit_so400m_patch14_siglip_224"], [224], [None]),
-    "dinov2-vit-l": (["vit_large_patch14_reg4_dinov2.lvd142m"], [224], [None]),
-    "in1k-vit-l": (["vit_large_patch16_224.augreg_in21k_ft_in1k"], [224], [None]),
-    "clip-vit-l-336px": (["vit_large_patch14_clip_336.openai"], [336], ["quick_gelu"]),
-    "siglip-vit-so400m-384px": (["vit_so400m_patch14_siglip_384"], [384], [None]),
-    "dinoclip-vit-l-336px": (
-        ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_large_patch14_clip_336.openai"],
-        [336, 336],
-        [None, "quick_gelu"],
-    ),
-    "dinosiglip-vit-so-224px": (
-        ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"],
-        [224, 224],
-        [None, None],
-    ),
-    "dinosiglip-vit-so-384px": (
-        ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_384"],
-        [384, 384],
-        [None, None],
-    ),
-}
-# LLM_BACKBONE_TO_HF_PATH and LLM_BACKBONE_TO_HF_METACLASS, copied by hand.
-OPENVLA_LLM_TABLE = {
-    "llama2-7b-pure": ("meta-llama/Llama-2-7b-hf", "llama"),
-    "llama2-13b-pure": ("meta-llama/Llama-2-13b-hf", "llama"),
-    "llama2-7b-chat": ("meta-llama/Llama-2-7b-chat-hf", "llama"),
-    "llama2-13b-chat": ("meta-llama/Llama-2-13b-chat-hf", "llama"),
-    "vicuna-v15-7b": ("lmsys/vicuna-7b-v1.5", "llama"),
-    "vicuna-v15-13b": ("lmsys/vicuna-13b-v1.5", "llama"),
-    "mistral-v0.1-7b-pure": ("mistralai/Mistral-7B-v0.1", "mistral"),
-    "mistral-v0.1-7b-instruct": ("mistralai/Mistral-7B-Instruct-v0.1", "mistral"),
-    "phi-2-3b": ("microsoft/phi-2", "phi"),
-}
 
 
 def _stub_vlm(vision_id: str, llm_id: str):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from openvla_tables import OPENVLA_VISION_TABLE
 
 from prismatic.models import LLM_BACKBONES, build_vlm, load_vla
 from prismatic.models.hf_openvla import export_hf_openvla, read_hf_state_dict
@@ -125,30 +126,12 @@ def test_bad_timm_fields_fail_before_anything_is_built(changes, message, tmp_pat
         load_vla(out)
 
 
-# OpenVLA's configuration_prismatic.py tables (openvla/openvla), as its HF config.json files carry them.
-OPENVLA_VISION = {
-    "clip-vit-l": (["vit_large_patch14_clip_224.openai"], [224], ["quick_gelu"]),
-    "siglip-vit-so400m": (["vit_so400m_patch14_siglip_224"], [224], [None]),
-    "clip-vit-l-336px": (["vit_large_patch14_clip_336.openai"], [336], ["quick_gelu"]),
-    "dinoclip-vit-l-336px": (
-        ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_large_patch14_clip_336.openai"],
-        [336, 336],
-        [None, "quick_gelu"],
-    ),
-    "dinosiglip-vit-so-224px": (
-        ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"],
-        [224, 224],
-        [None, None],
-    ),
-}
-
-
-@pytest.mark.parametrize("vision_id", sorted(OPENVLA_VISION))
+@pytest.mark.parametrize("vision_id", sorted(OPENVLA_VISION_TABLE))
 def test_openvla_configs_resolve_to_our_registered_backbones(vision_id: str, tmp_path: Path) -> None:
     from prismatic.models import VISION_BACKBONES
     from prismatic.models.hf_openvla import hf_vision_spec
 
-    ids, sizes, acts = OPENVLA_VISION[vision_id]
+    ids, sizes, acts = OPENVLA_VISION_TABLE[vision_id]
     raw = {
         "vision_backbone_id": vision_id,
         "timm_model_ids": ids,
