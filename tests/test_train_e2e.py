@@ -152,9 +152,11 @@ def test_ddp_with_gradient_accumulation_matches_fsdp(full_run: Path, toy_data_ro
     }
     ddp, fsdp = read_metrics(tmp_path / "ddp"), read_metrics(full_run)
     assert [r["step"] for r in ddp] == [1, 2, 3]
-    # lr differs (3-step vs 6-step cosine), so only step 1 is comparable exactly; later steps stay close.
-    assert ddp[0]["loss"] == pytest.approx(fsdp[0]["loss"], rel=1e-4)
-    assert ddp[0]["action_accuracy"] == pytest.approx(fsdp[0]["action_accuracy"], abs=1e-9)
+    # lr differs (3-step vs 6-step cosine), so only step 1 is comparable: the same weights and frames, the loss
+    # summed per micro-batch instead of per batch (FP32 rounding only), the same predicted tokens.
+    assert ddp[0]["loss"] == pytest.approx(fsdp[0]["loss"], rel=1e-6)
+    assert ddp[0]["action_accuracy"] == fsdp[0]["action_accuracy"]
+    assert ddp[0]["grad_norm"] == pytest.approx(fsdp[0]["grad_norm"], rel=1e-5)
 
 
 @pytest.mark.parametrize(
