@@ -26,11 +26,13 @@ NUM_STEPS = 5  # steps per episode of BIG and SMALL
 
 # The colour dataset: one image per episode, 16 x 16 JPEG (as most RLDS data), upsampled to the backbone's 64.
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
-COLOUR_EPISODES = (  # (left half, right half, instruction): mixed case, so the lower-casing shows
+# (left half, right half, instruction): mixed case, so the lower-casing shows. RLDS stores the instruction per step
+# and OpenVLA prompts each frame with its own step's: the last episode's changes at every step.
+COLOUR_EPISODES = (
     (RED, RED, "Pick up the RED block"),
     (GREEN, GREEN, "Open the Green drawer"),
     (BLUE, BLUE, "Push the blue CUP left"),
-    (RED, BLUE, "Wipe the Split Table"),
+    (RED, BLUE, ("Wipe the Split Table", "Then fold the Towel", "Finally stack TWO cups")),
 )
 COLOUR_STEPS, COLOUR_SIZE, MODEL_SIZE = 3, 16, 64
 
@@ -70,7 +72,14 @@ def _features(tfds: Any, image_size: int) -> Any:
     )
 
 
-def _episode(index: int, num_steps: int, image: np.ndarray, instruction: str) -> dict[str, Any]:
+def _step_text(instruction: str | tuple[str, ...], t: int) -> str:
+    """Step t's instruction: one string for the whole episode, or one per step."""
+    return instruction if isinstance(instruction, str) else instruction[t]
+
+
+def _episode(
+    index: int, num_steps: int, image: np.ndarray, instruction: str | tuple[str, ...]
+) -> dict[str, Any]:
     """One episode whose action at step t is `[index, t, 0, 0, 0, 0, 1]`: it names the episode and the step."""
     from prismatic.vla.datasets.rlds.writer import rlds_step_flags
 
@@ -78,7 +87,7 @@ def _episode(index: int, num_steps: int, image: np.ndarray, instruction: str) ->
         {
             "observation": {"image": image, "state": np.zeros(8, np.float32)},
             "action": np.array([index, t, 0, 0, 0, 0, 1], np.float32),
-            "language_instruction": instruction,
+            "language_instruction": _step_text(instruction, t),
             **rlds_step_flags(t, num_steps),
         }
         for t in range(num_steps)
@@ -229,19 +238,22 @@ def test_pixel_values_keep_rgb_order_through_decode_resize_and_normalisation(
 
 def test_each_frames_prompt_carries_its_own_instruction(colour_frames: list[dict[str, Any]]) -> None:
     """Frames of different episodes interleave in the shuffled stream; each prompt asks OpenVLA's question with
-    the instruction of the frame's own episode, lower-cased, and no other episode's."""
+    the instruction of the frame's own step (episode, and step where it changes within one), lower-cased, and no
+    other."""
     from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
     transform = _batch_transform("tiny-vit-64px")
+    every = {_step_text(text, t) for _, _, text in COLOUR_EPISODES for t in range(COLOUR_STEPS)}
+    assert len(every) == len(COLOUR_EPISODES) + COLOUR_STEPS - 1
     for frame in colour_frames:
-        episode = _episode_of(frame)[0]
+        episode, t = _episode_of(frame)
         out = transform(frame)
         prompt = tokenizer.decode(out["input_ids"][out["labels"] == IGNORE_INDEX])
-        own = COLOUR_EPISODES[episode][2]
+        own = _step_text(COLOUR_EPISODES[episode][2], t)
         assert f"What action should the robot take to {own.lower()}?" in prompt
-        for i, (_, _, other) in enumerate(COLOUR_EPISODES):
-            assert i == episode or other.lower() not in prompt.lower()
+        for other in every - {own}:
+            assert other.lower() not in prompt.lower()
 
 
 # === 3. Transition-balanced mixture weights ===
