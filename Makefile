@@ -88,7 +88,7 @@ bench: bench-data bench-train bench-predict bench-serve bench-load bench-checkpo
 
 # Mutation testing (cosmic-ray) of the modules that decide the numbers users depend on, against their fast tests,
 # in a private copy of the tree (the checkout is never mutated). Prints per module and in total: mutants, killed,
-# survived, judged equivalent (mutation/equivalent.toml), timeouts and the score. Slow (~20 min on one core), not
+# survived, judged equivalent (mutation/equivalent.toml), timeouts and the score. Slow (~31 min on 2 cores), not
 # part of CI. Installs the `mutation` extra's tools only (not the project again). Some modules:
 # `make mutation MUTATION_ARGS="--modules metrics lora"` (see mutation/README.md).
 MUTATION_ARGS ?=

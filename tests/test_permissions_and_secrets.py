@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from train_runs import free_port
 
 from prismatic.util.files import atomic_write, current_umask, normal_permissions, write_json_atomic
 from prismatic.util.redact import REDACTED, redact_argv, redact_config
@@ -32,14 +33,6 @@ WRITTEN_BY_THE_TOOL = (
 )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _train(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
     """`python vla_scripts/train.py ARGS` as one process under umask 022, with $HF_TOKEN set, W&B offline."""
     env = {
@@ -48,7 +41,7 @@ def _train(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
         "WANDB_SILENT": "true",
         "HF_TOKEN": ENV_TOKEN,
         "HF_HOME": str(tmp / "hf_home"),  # no token store of the machine's user
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }
     return subprocess.run(

@@ -30,6 +30,16 @@ def free_port() -> int:
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
 
 
+def run_torchrun_worker(script: str, out_dir: Path, timeout: int) -> None:
+    """`torchrun --nproc-per-node 2 SCRIPT OUT_DIR` on a free port: a test file whose `__main__` is a 2-rank gloo
+    worker writing what it measured under OUT_DIR, for the test functions to compare."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, str(out_dir)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     """`torchrun --standalone --nproc-per-node N vla_scripts/train.py ARGS` with this interpreter."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]

@@ -31,6 +31,7 @@ from hand_stats import hand_stats
 
 # Imported before any test patches `json`: numpy.testing's import calls json.loads in a way json_numpy breaks.
 from numpy.testing import assert_array_equal
+from train_runs import free_port
 
 from prismatic.inference import VLAPolicy, load_policy
 from prismatic.inference.server import ActRequest, DynamicBatcher, create_app, predict_batch
@@ -39,12 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "vla_scripts" / "serve.py"
 STARTUP_TIMEOUT_S = 120
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _image(seed: int, height: int = 256, width: int = 256) -> np.ndarray:
@@ -70,7 +65,7 @@ def server(
     policy_run: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """Base URL of a `serve.py` subprocess on `policy_run`; killed at teardown."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_runs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,14 +54,6 @@ PLUGIN = textwrap.dedent(
     register_vla("tiny-deit-qwen2+mx-toy", "tiny+mx-toy", base_vlm="tiny-deit+tiny-qwen2")
     '''
 )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -112,7 +105,7 @@ def test_registered_family_trains_two_steps(plugin_dir: Path, toy_data_root: Pat
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
         "WANDB_MODE": "offline",
-        "MASTER_PORT": str(_free_port()),  # a group of one; concurrent runs must not share the default port
+        "MASTER_PORT": str(free_port()),  # a group of one; concurrent runs must not share the default port
     }
     args = ["--plugins", "my_model_family", "--vla.type", "tiny-deit-qwen2+mx-toy", "--vla.max_steps", "2"]
     args += ["--vla.expected_world_size", "1", "--vla.global_batch_size", "2", "--trackers", "[jsonl]"]

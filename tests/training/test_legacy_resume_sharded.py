@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -163,20 +161,12 @@ def _worker(out_dir: Path) -> None:
 # === The tests ====================================================================================================
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from train_runs import run_torchrun_worker
+
     out = tmp_path_factory.mktemp("legacy_resume")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
-    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", __file__, str(out)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_torchrun_worker(__file__, out, timeout=300)
     return json.loads((out / "result.json").read_text())
 
 
