@@ -27,9 +27,9 @@ demo: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/torchrun --standalone --nnodes 1 --nproc-per-node $(NPROC) \
 		vla_scripts/train.py --vla.type $(VLA) --data_root_dir $(DATA_ROOT) --run_root_dir $(RUN_ROOT) --run_id demo
 
-# Two pytest-xdist workers (a module stays on one worker, tests/conftest.py), so the suite fits CI's 2 cores.
+# Two pytest-xdist workers, one thread each (a module stays on one worker, tests/conftest.py): CI has 2 cores.
 test: $(STAMP)
-	WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadgroup
+	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile
 
 check: $(STAMP)
 	$(BIN)/ruff check prismatic vla_scripts tests benchmarks

@@ -39,15 +39,20 @@ def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return run_root / "full"
 
 
-# Modules whose tests share the `full_run` reference run: kept on one pytest-xdist worker so it is trained once.
-FULL_RUN_MODULES = {"test_train_e2e.py", "test_resume_e2e.py"}
+# `make test` runs `pytest -n 2 --dist loadfile`: a module stays on one worker, so its module-scoped fixtures (toy
+# runs, servers, tiny models) are built once. The longest modules are handed out first, so neither worker is left
+# running one of them alone at the end.
+LONGEST_FIRST = (
+    "test_resume_e2e.py",
+    "test_train_e2e.py",
+    "test_cli_errors.py",
+    "test_resume_randomness_e2e.py",
+    "test_evaluate.py",
+    "test_accumulation_numerics.py",
+)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n 2 --dist loadgroup` (make test) a module runs on one worker, so its module- and session-
-    scoped fixtures (toy runs, tiny models) are built once per worker at most."""
-    for item in items:
-        group = (
-            "full_run" if item.path.name in FULL_RUN_MODULES else str(item.path.relative_to(config.rootpath))
-        )
-        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
