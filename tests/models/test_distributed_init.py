@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 BASE = "tiny-vit+tiny-llama"
 TIED = "tiny-vit+tiny-llama-tied"
 SEED = 7
