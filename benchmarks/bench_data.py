@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     import_tensorflow()
     floor_gb = current_rss_gb()
+    start = time.perf_counter()
     dataset = RLDSDataset(
         data_root,
         mix,
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         args.shuffle_buffer_size,
         image_aug=args.image_aug,
     )
+    build_s = time.perf_counter() - start  # each rank pays it at start-up (plus statistics on a first run)
     collator = PaddedCollatorForActionPrediction(tokenizer.model_max_length, tokenizer.pad_token_id)
     loader = iter(DataLoader(dataset, batch_size=args.batch_size, num_workers=0, collate_fn=collator))
 
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         f"data_mix={mix} batch={args.batch_size} res={args.resolution} buffer={args.shuffle_buffer_size} "
         f"warm-up {warmup_s:.1f} s"
     )
+    print(f"pipeline build: {build_s:.2f} s")
     print(f"frames/s: {frames_per_s:.1f}")
     print(f"peak RSS: {peak_gb:.2f} GiB")
     print(

@@ -153,3 +153,37 @@ def test_open_x_standardisation_reaches_the_frame_format(name: str, num_frames: 
         np.testing.assert_allclose(out["action"].numpy()[:, 6], [1, 0, 0, 0])
     if name == "fractal20220817_data":  # close at t=1, open at t=4 -> open before t=1
         np.testing.assert_allclose(out["action"].numpy()[:, 6], [1, 0, 0, 0, 1, 1])
+
+
+def test_a_standardize_fn_branching_on_a_tensor_value_is_a_clear_error(
+    toy_data_root, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipeline functions are traced without AutoGraph: a Python `if` on a tensor names the function and the fix."""
+    from prismatic.util.tf import import_tensorflow
+    from prismatic.vla.datasets import RLDSDataset
+    from prismatic.vla.datasets.rlds.transforms import get_standardize_fn
+
+    tf = import_tensorflow()
+    toy_push = get_standardize_fn(DATASET_CONFIGS["toy_push"].standardize_fn)
+
+    def branchy(traj: dict) -> dict:
+        traj = toy_push(traj)
+        if tf.reduce_any(traj["action"] > 0.5):
+            traj["action"] = traj["action"] * 0.5
+        return traj
+
+    monkeypatch.setitem(STANDARDIZE_FNS, "test_branchy", branchy)
+    monkeypatch.setitem(
+        DATASET_CONFIGS,
+        "toy_push",
+        dataclasses.replace(DATASET_CONFIGS["toy_push"], standardize_fn="test_branchy"),
+    )
+    with pytest.raises(ConfigError) as error:
+        RLDSDataset(
+            toy_data_root, "toy_push", lambda frame: frame, resize_resolution=(8, 8), shuffle_buffer_size=8
+        )
+    message = str(error.value)
+    assert message.startswith("toy_push: its standardize_fn 'test_branchy' uses a tensor as a Python bool"), (
+        message
+    )
+    assert "use tf.cond / tf.where / tf.while_loop" in message

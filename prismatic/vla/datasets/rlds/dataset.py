@@ -285,6 +285,13 @@ def _skip_image_decoding(features: Any) -> Any:
     return None
 
 
+def _graph_only(fn: Callable) -> Callable:
+    """`fn` traced as written, without AutoGraph's source conversion: the pipeline's own functions branch with
+    tf.cond / tf.where / tf.map_fn, and converting them cost about 1.5 s of every pipeline build on every rank
+    (`make bench-data` prints the build time)."""
+    return import_tensorflow().autograph.experimental.do_not_convert(fn)
+
+
 def _episode_to_trajectory(episode: dict[str, Any]) -> dict[str, Any]:
     """RLDS episode -> trajectory: steps as [T, ...] tensors, other episode fields broadcast to T under
     `traj_metadata` (so that standardisation functions can slice every leaf along time)."""
@@ -320,7 +327,14 @@ def _restructure(
     `with_ids` adds `episode_id` (tfds' record id: file and index) and `observation.timestep` for the read API.
     """
     tf = import_tensorflow()
-    traj = get_standardize_fn(config.standardize_fn)(traj)
+    try:
+        traj = get_standardize_fn(config.standardize_fn)(traj)
+    except tf.errors.OperatorNotAllowedInGraphError:
+        raise ConfigError(
+            f"{config.name}: its standardize_fn '{config.standardize_fn}' uses a tensor as a Python bool (an `if`, "
+            "`while` or `and` on a tensor's value). Pipeline functions are traced as written, without AutoGraph "
+            "(OpenVLA's transforms never need it): use tf.cond / tf.where / tf.while_loop for value-dependent steps."
+        ) from None
     for key in ("observation", "action", config.language_key):
         if key not in traj:
             raise ValueError(
@@ -443,14 +457,15 @@ def _read_trajectories(
     if repeat_seed is None:
         ds = read(None)
     else:
-        read_epoch = tf.autograph.experimental.do_not_convert(lambda epoch: read(repeat_seed + epoch))
+        read_epoch = _graph_only(lambda epoch: read(repeat_seed + epoch))
         ds = tf.data.Dataset.counter().flat_map(read_epoch)
     # Whole trajectories (every camera of every step) are large: a fixed, small number are in flight per dataset,
     # so host memory does not grow with the mixture's size; the heavy per-frame work is parallelised later.
     calls = (os.cpu_count() or 1) if openvla_order else TRAJECTORY_PARALLEL_CALLS
-    ds = ds.map(_episode_to_trajectory, num_parallel_calls=calls)
+    ds = ds.map(_graph_only(_episode_to_trajectory), num_parallel_calls=calls)
     return ds.map(
-        lambda traj: _restructure(traj, config, options, with_ids, image_views), num_parallel_calls=calls
+        _graph_only(lambda traj: _restructure(traj, config, options, with_ids, image_views)),
+        num_parallel_calls=calls,
     )
 
 
@@ -500,12 +515,14 @@ def dataset_statistics(
         trajectories = _read_trajectories(
             builder, split, config, options, openvla_order=True, with_ids=True
         ).map(
-            lambda traj: {
-                "action": traj["action"],
-                **({"proprio": traj["observation"]["proprio"]} if options.load_proprio else {}),
-                "episode_id": traj["episode_id"][:1],  # [1] (or [0] for an empty episode)
-                "language_instruction": traj["task"]["language_instruction"],
-            }
+            _graph_only(
+                lambda traj: {
+                    "action": traj["action"],
+                    **({"proprio": traj["observation"]["proprio"]} if options.load_proprio else {}),
+                    "episode_id": traj["episode_id"][:1],  # [1] (or [0] for an empty episode)
+                    "language_instruction": traj["task"]["language_instruction"],
+                }
+            )
         )
         with tfrecord_errors([dataset_dir]):
             return compute_statistics(
@@ -1024,13 +1041,13 @@ def make_interleaved_dataset(
         # OpenVLA's order: normalise, drop unlabeled trajectories, chunk, flatten, then the per-dataset frame filter.
         calls = TRAJECTORY_PARALLEL_CALLS
         if options.nonfinite == "drop":
-            trajectories = trajectories.map(_drop_nonfinite_frames, num_parallel_calls=calls)
+            trajectories = trajectories.map(_graph_only(_drop_nonfinite_frames), num_parallel_calls=calls)
         normalize = functools.partial(
             _normalize, statistics=stats, config=config, options=options, keep_raw_action=keep_raw_action
         )
-        trajectories = trajectories.map(normalize, num_parallel_calls=calls)
+        trajectories = trajectories.map(_graph_only(normalize), num_parallel_calls=calls)
         if options.skip_unlabeled:
-            trajectories = trajectories.filter(_is_labeled)
+            trajectories = trajectories.filter(_graph_only(_is_labeled))
         if windowed:
             chunk = functools.partial(
                 _chunk,
@@ -1039,11 +1056,11 @@ def make_interleaved_dataset(
                 config=config,
                 chunk_end=options.chunk_end,
             )
-            trajectories = trajectories.map(chunk, num_parallel_calls=calls)
+            trajectories = trajectories.map(_graph_only(chunk), num_parallel_calls=calls)
         if config.drop_zero_action_frames:
             dims, reference = zero_action_reference(stats, config, options.zero_action_bounds)
             drop_idle = functools.partial(_drop_zero_action_frames, dims=dims, reference=reference)
-            trajectories = trajectories.map(drop_idle, num_parallel_calls=calls)
+            trajectories = trajectories.map(_graph_only(drop_idle), num_parallel_calls=calls)
         if options.load_proprio:
             spec = trajectories.element_spec["observation"].get("proprio")
             proprio_widths[config.name] = None if spec is None else spec.shape[-1]
@@ -1143,7 +1160,9 @@ def make_interleaved_dataset(
             raise ConfigError(f"start_sample must be >= 0, got {start}.")
         # Positions are counted before skipping, so frame i gets the same augmentation whatever the start is.
         stream = encoded.enumerate().skip(start)
-        stream = stream.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        stream = stream.map(_graph_only(decode), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+            tf.data.AUTOTUNE
+        )
         return stream.with_options(options)
 
     return RLDSPipeline(

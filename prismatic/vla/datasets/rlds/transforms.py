@@ -4,7 +4,9 @@ Each function takes one trajectory as a dict of TensorFlow tensors with a leadin
 the top level, episode metadata broadcast to T under `traj["traj_metadata"]["episode_metadata"]`) and returns
 it with `action` as float32[T, 7] (xyz delta, rpy delta, gripper absolute with 1 = open, 0 = closed), the state
 keys the dataset config names in `observation`, and the instruction under the config's `language_key`.
-They run inside `tf.data` graph code, so they use TensorFlow ops only. Register a new one with
+They run inside `tf.data` graph code, traced as written (without AutoGraph, which OpenVLA's transforms never
+needed and which cost seconds of every start-up), so they use TensorFlow ops only and branch on a tensor's value
+with tf.cond / tf.where, not a Python `if` (that is a `ConfigError` naming the function when the pipeline is built). Register a new one with
 `@register_standardize_fn("id")` and name the id in the dataset's config. Facts about the Open-X raw layouts
 follow OpenVLA's `prismatic/vla/datasets/rlds/oxe/transforms.py`.
 """
