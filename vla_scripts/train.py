@@ -68,10 +68,11 @@ def check_run_folder(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
     """What this command continues, checked before anything loads (read-only, every rank): the checkpoint to
     resume (refused when it is another experiment), or None for a new run (refused over a run with checkpoints)."""
     from prismatic.models.checkpoint_format import CHECKPOINTS_DIR, complete_checkpoints
-    from prismatic.training.checkpointing import check_resume_compatible, read_resume_state
 
     resume = cfg.resume_point(run_dir)
     if resume is not None:
+        from prismatic.training.checkpointing import check_resume_compatible, read_resume_state  # loads torch
+
         check_resume_compatible(
             read_resume_state(resume.path),
             run_identity(cfg),

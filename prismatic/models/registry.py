@@ -118,6 +118,7 @@ def import_plugins(argv: list[str]) -> list[str]:
         ConfigError: a named module cannot be imported.
     """
     import importlib
+    import importlib.util
     import os
 
     names = [n for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
@@ -137,12 +138,15 @@ def import_plugins(argv: list[str]) -> list[str]:
     from pathlib import Path
 
     names = [n.strip() for n in names if n.strip()]
-    for name in names:  # a missing file is refused in a second, before TensorFlow loads
-        if name.endswith(".py") and not Path(name).expanduser().is_file():
-            raise ConfigError(
-                f"Plugin file '{name}' (from --plugins / ${PLUGINS_ENV}) does not exist. Pass the path of a "
-                "Python file that registers datasets, mixtures or models, or an importable module name."
-            )
+    for name in names:  # a missing file or package is refused in a second, before TensorFlow loads
+        if name.endswith(".py"):
+            if not Path(name).expanduser().is_file():
+                raise ConfigError(
+                    f"Plugin file '{name}' (from --plugins / ${PLUGINS_ENV}) does not exist. Pass the path of a "
+                    "Python file that registers datasets, mixtures or models, or an importable module name."
+                )
+        elif importlib.util.find_spec(name.split(".")[0]) is None:  # the top-level package: imports nothing
+            raise _not_importable(name, f"No module named '{name.split('.')[0]}'")
     if names:
         # A plugin may import TensorFlow (a dataset's standardisation function): load torch, torchvision and
         # TensorFlow in the one order that does not crash the process first (`prismatic/util/tf.py`).
@@ -157,11 +161,15 @@ def import_plugins(argv: list[str]) -> list[str]:
         try:
             importlib.import_module(name)
         except ImportError as err:
-            raise ConfigError(
-                f"Plugin module '{name}' (from --plugins / ${PLUGINS_ENV}) cannot be imported: {err}. Put its "
-                "folder on PYTHONPATH, or pass the file's path (a name ending in .py)."
-            ) from err
+            raise _not_importable(name, str(err)) from err
     return rest
+
+
+def _not_importable(name: str, reason: str) -> ConfigError:
+    return ConfigError(
+        f"Plugin module '{name}' (from --plugins / ${PLUGINS_ENV}) cannot be imported: {reason}. Put its folder on "
+        "PYTHONPATH, or pass the file's path (a name ending in .py)."
+    )
 
 
 def _import_plugin_file(path_text: str) -> None:
