@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,14 +11,38 @@ from transformers import PreTrainedTokenizerFast
 from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
 
 
+def _once_per_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, build) -> Path:
+    """`build(folder)` once per pytest run, also under `pytest -n` (pytest-xdist's pattern): the first worker to
+    need it builds it under a file lock in the workers' shared temp folder, the others wait and reuse it. A build
+    that fails leaves nothing behind, so the next worker tries again (and fails the same way)."""
+    if worker_id == "master":  # not under xdist
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    from filelock import FileLock
+
+    folder = tmp_path_factory.getbasetemp().parent / name
+    done = folder.parent / f"{name}.done"
+    with FileLock(str(folder) + ".lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            try:
+                build(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
-def toy_data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding `toy_pick_place/1.0.0/` and `toy_push/1.0.0/`, built once per test session (seed 0)."""
+def toy_data_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder holding `toy_pick_place/1.0.0/` and `toy_push/1.0.0/`, built once per test run (seed 0). Tests
+    only read it (and the statistics caches the pipeline writes beside each dataset)."""
     from prismatic.vla.datasets.rlds.toy import build_toy_datasets
 
-    root = tmp_path_factory.mktemp("rlds")
-    build_toy_datasets(root, seed=0)
-    return root
+    return _once_per_run(tmp_path_factory, worker_id, "rlds", lambda root: build_toy_datasets(root, seed=0))
 
 
 @pytest.fixture(scope="session")
@@ -27,16 +52,17 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @pytest.fixture(scope="session")
-def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """The uninterrupted reference run: tiny preset, 2 processes, 6 steps of 8 frames, checkpoints at 3 and 6,
-    evaluation at 3 and 6 (tests/train_runs.py)."""
+    evaluation at 3 and 6 (tests/train_runs.py), built once per test run. Tests copy it before changing it."""
     from train_runs import run_train, tiny_args
 
-    run_root = tmp_path_factory.mktemp("runs")
-    args = tiny_args(toy_data_root, run_root, "full", "--eval.interval", "3", "--eval.num_batches", "1")
-    proc = run_train(args)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return run_root / "full"
+    def build(run_root: Path) -> None:
+        extra = ("--eval.interval", "3", "--eval.num_batches", "1")
+        proc = run_train(tiny_args(toy_data_root, run_root, "full", *extra, trackers=("jsonl", "wandb")))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    return _once_per_run(tmp_path_factory, worker_id, "runs", build) / "full"
 
 
 # `make test` runs `pytest -n 2 --dist loadfile`: a module stays on one worker, so its module-scoped fixtures (toy

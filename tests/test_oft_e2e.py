@@ -21,8 +21,6 @@ def oft_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
         toy_data_root,
         run_root,
         "oft",
-        "--trackers",
-        "[jsonl]",
         "--eval.interval",
         str(STEPS),
         "--eval.num_batches",

@@ -1,7 +1,7 @@
 """Interrupted runs under torchrun on CPU: kill -9 in the middle of saves, SIGTERM, another world size, two
 "nodes" on one machine, and resumes that must be refused.
 
-The reference is an uninterrupted run of the same command (`full_run` of tests/test_train_e2e.py, 6 steps of 8
+The reference is an uninterrupted run of the same command (`full_run` of tests/conftest.py, 6 steps of 8
 frames on 2 processes); a resumed run must reproduce its training curve bit for bit (`==`).
 """
 
@@ -92,7 +92,14 @@ def test_kill_9_mid_save_then_sigterm_then_resume_reproduce_the_uninterrupted_ru
     validation metric, the final weights and optimizer moments."""
     run_dir, ckpts = tmp_path / "interrupted", tmp_path / "interrupted" / "checkpoints"
     args = tiny_args(
-        toy_data_root, tmp_path, "interrupted", "--save_interval", "1", "--checkpoint.keep_last", "2"
+        toy_data_root,
+        tmp_path,
+        "interrupted",
+        "--save_interval",
+        "1",
+        "--checkpoint.keep_last",
+        "2",
+        trackers=("jsonl", "wandb"),
     )
     args += ["--eval.interval", "3", "--eval.num_batches", "1"]
 
@@ -150,6 +157,10 @@ def test_kill_9_mid_save_then_sigterm_then_resume_reproduce_the_uninterrupted_ru
     assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
     assert (run_dir / "config.yaml").read_text() == original_config
     assert len(list(run_dir.glob("config.resume-step-*.yaml"))) == 2
+    # W&B: each of the three starts logged offline into the same W&B run (its id kept in the run folder).
+    wandb_id = (run_dir / "wandb_run_id.txt").read_text().strip()
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 3 and all(p.name.endswith(f"-{wandb_id}") for p in offline), offline
 
 
 def test_resume_on_one_process_continues_at_the_same_frame(
@@ -242,7 +253,7 @@ def run_two_nodes(args: list[str], tmp_path: Path, name: str) -> str:
 
 def test_two_nodes_on_one_machine_train_save_and_resume(full_run: Path, toy_data_root: Path, tmp_path: Path):
     """torchrun --nnodes 2 (one process each, c10d rendezvous): a hybrid mesh (2 nodes x 1), save, resume."""
-    args = tiny_args(toy_data_root, tmp_path, "nodes", "--trackers", "[jsonl]")
+    args = tiny_args(toy_data_root, tmp_path, "nodes")
     text = run_two_nodes(args, tmp_path, "first")
     assert "FSDP mesh: hybrid, 2 nodes (replicate) x 1 ranks (shard)" in text
     run_dir = tmp_path / "nodes"

@@ -1,5 +1,5 @@
 """Exact resume with randomness in the step: dropout in the ViT and the LLM, LoRA dropout, image augmentation and
-gradient accumulation, under torchrun with 2 processes on CPU.
+gradient accumulation, with bf16 mixed precision, under torchrun with 2 processes on CPU.
 
 tests/test_resume_e2e.py resumes a model without dropout, so it cannot tell whether the checkpoint's per-rank RNG
 states (`RNGState`) are restored at the right moment. Here every micro-batch draws dropout masks from the torch
@@ -124,14 +124,14 @@ def assert_dropout_is_active(plugin: Path) -> None:
 
 def train_args(data_root: Path, run_root: Path, plugin: Path, *extra: str) -> list[str]:
     """The plugin's experiment, 4 steps of 16 frames as 2 micro-batches of 4 on each of 2 processes, augmented
-    images, a checkpoint every 2 steps."""
-    args = tiny_args(
-        data_root, run_root, "dropout", "--plugins", str(plugin), "--trackers", "[jsonl]", *extra
-    )
+    images, bf16 mixed precision (frozen base weights stored in bf16 beside FP32 adapters, as OpenVLA trains LoRA),
+    a checkpoint every 2 steps."""
+    args = tiny_args(data_root, run_root, "dropout", "--plugins", str(plugin), *extra)
     args[args.index("--vla.type") + 1] = VLA_ID
     args[args.index("--vla.max_steps") + 1] = str(STEPS)
     args[args.index("--save_interval") + 1] = str(SAVE_EVERY)
-    return [*args, "--image_aug", "true", "--vla.global_batch_size", "16", "--vla.per_device_batch_size", "4"]
+    args += ["--image_aug", "true", "--vla.enable_mixed_precision_training", "true"]
+    return [*args, "--vla.global_batch_size", "16", "--vla.per_device_batch_size", "4"]
 
 
 def test_resume_with_dropout_lora_dropout_image_aug_and_accumulation_is_bit_identical(
@@ -145,6 +145,8 @@ def test_resume_with_dropout_lora_dropout_image_aug_and_accumulation_is_bit_iden
     proc = run_train(train_args(toy_data_root, tmp_path / "full", plugin))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "Gradient accumulation over 2 micro-batches" in proc.stderr, proc.stderr[-3000:]
+    (memory,) = [line for line in proc.stderr.splitlines() if "Parameter memory:" in line]
+    assert "bfloat16" in memory and "float32" in memory, memory  # frozen base in bf16, adapters in FP32
     run = tmp_path / "full" / "dropout"
     assert sorted(checkpoints(run)) == [2, 4]
     config = json.loads((run / "config.json").read_text())

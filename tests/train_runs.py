@@ -58,7 +58,11 @@ def run_train(args: list[str], nproc: int | None = 2, timeout: int = 600) -> sub
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
 
 
-def tiny_args(data_root: Path, run_root: Path, run_id: str, *extra: str) -> list[str]:
+def tiny_args(
+    data_root: Path, run_root: Path, run_id: str, *extra: str, trackers: tuple[str, ...] = ("jsonl",)
+) -> list[str]:
+    """The tiny preset for STEPS steps, a checkpoint every SAVE_EVERY. W&B only where a test reads what it wrote:
+    starting it costs a few CPU seconds per run (its service process, and its launch module's import)."""
     return [
         "--vla.type",
         "tiny+mx-toy",
@@ -72,6 +76,8 @@ def tiny_args(data_root: Path, run_root: Path, run_id: str, *extra: str) -> list
         str(STEPS),
         "--save_interval",
         str(SAVE_EVERY),
+        "--trackers",
+        *trackers,
         *extra,
     ]
 
