@@ -66,19 +66,26 @@ def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory, work
 
 
 # `make test` runs `pytest -n 2 --dist loadfile`: a module stays on one worker, so its module-scoped fixtures (toy
-# runs, servers, tiny models) are built once. The longest modules are handed out first, so neither worker is left
-# running one of them alone at the end.
+# runs, servers, tiny models) are built once. The longest modules (measured with `--durations=0`, longest first) are
+# handed out first, so neither worker is left running one of them alone at the end.
 LONGEST_FIRST = (
-    "test_resume_e2e.py",
     "test_train_e2e.py",
-    "test_cli_errors.py",
-    "test_resume_randomness_e2e.py",
-    "test_evaluate.py",
+    "test_resume_e2e.py",
+    "test_oft_e2e.py",
+    "test_validation.py",
+    "test_new_model_family.py",
+    "test_rlds_open_x.py",
     "test_accumulation_numerics.py",
+    "test_evaluate.py",
+    "test_data_resume.py",
+    "test_resume_randomness_e2e.py",
+    "test_own_data_doc.py",
+    "test_distributed_init.py",
+    "test_hf_interop.py",
+    "test_cli_errors.py",
 )
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
