@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ from transformers import PreTrainedTokenizerFast
 from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
 
 
-def _once_per_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, build) -> Path:
+def _once_per_run(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, build: Callable[[Path], object]
+) -> Path:
     """`build(folder)` once per pytest run, also under `pytest -n` (pytest-xdist's pattern): the first worker to
     need it builds it under a file lock in the workers' shared temp folder, the others wait and reuse it. A build
     that fails leaves nothing behind, so the next worker tries again (and fails the same way)."""

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_runs import assert_same_training_curve, checkpoints, consolidated, run_train, tiny_args
+from train_runs import (
+    assert_same_training_curve,
+    checkpoints,
+    consolidated,
+    parameter_memory_line,
+    run_train,
+    tiny_args,
+)
 
 from prismatic.training.trackers import read_metrics
 
@@ -145,7 +152,7 @@ def test_resume_with_dropout_lora_dropout_image_aug_and_accumulation_is_bit_iden
     proc = run_train(train_args(toy_data_root, tmp_path / "full", plugin))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "Gradient accumulation over 2 micro-batches" in proc.stderr, proc.stderr[-3000:]
-    (memory,) = [line for line in proc.stderr.splitlines() if "Parameter memory:" in line]
+    memory = parameter_memory_line(proc.stderr)
     assert "bfloat16" in memory and "float32" in memory, memory  # frozen base in bf16, adapters in FP32
     run = tmp_path / "full" / "dropout"
     assert sorted(checkpoints(run)) == [2, 4]

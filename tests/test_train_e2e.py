@@ -22,6 +22,7 @@ from train_runs import (
     STEPS,
     checkpoints,
     consolidated,
+    parameter_memory_line,
     run_train,
     tiny_args,
 )
@@ -278,7 +279,7 @@ def test_fused_backbone_shard_grad_op_bf16_last_layer(toy_data_root: Path, tmp_p
     assert trained and all(name.startswith("llm_backbone.") for name in trained)
     # Frozen parts are stored in bf16 next to FP32 trainable ones inside the same FSDP units (the root unit holds the
     # frozen projector and the trainable embeddings), and the start-up report says so.
-    (memory,) = [line for line in proc.stderr.splitlines() if "Parameter memory:" in line]
+    memory = parameter_memory_line(proc.stderr)
     assert "bfloat16" in memory and "float32" in memory, memory
     bf16_part = memory.split("bfloat16 ")[1]
     assert bf16_part.split(" (")[1].startswith("0.00 MB trainable"), memory
@@ -409,7 +410,7 @@ def test_lora_fsdp_merge_and_ddp(toy_data_root: Path, tmp_path: Path):
     # bf16 mixed precision: frozen base weights are stored in bf16 beside FP32 adapters in the same FSDP units.
     proc = run_train(lora_args("lora"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    (memory,) = [line for line in proc.stderr.splitlines() if "Parameter memory:" in line]
+    memory = parameter_memory_line(proc.stderr)
     assert "bfloat16" in memory, memory
     run = tmp_path / "lora"
     ckpt = consolidated(checkpoints(run)[4], tmp_path)

@@ -58,6 +58,12 @@ def run_train(args: list[str], nproc: int | None = 2, timeout: int = 600) -> sub
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
 
 
+def parameter_memory_line(stderr: str) -> str:
+    """The start-up report's one `Parameter memory:` line (bytes per dtype, trainable share)."""
+    (line,) = [line for line in stderr.splitlines() if "Parameter memory:" in line]
+    return line
+
+
 def tiny_args(
     data_root: Path, run_root: Path, run_id: str, *extra: str, trackers: tuple[str, ...] = ("jsonl",)
 ) -> list[str]:

@@ -6,8 +6,8 @@ it with `action` as float32[T, 7] (xyz delta, rpy delta, gripper absolute with 1
 keys the dataset config names in `observation`, and the instruction under the config's `language_key`.
 They run inside `tf.data` graph code, traced as written (without AutoGraph, which OpenVLA's transforms never
 needed and which cost seconds of every start-up), so they use TensorFlow ops only and branch on a tensor's value
-with tf.cond / tf.where, not a Python `if` (that is a `ConfigError` naming the function when the pipeline is built). Register a new one with
-`@register_standardize_fn("id")` and name the id in the dataset's config. Facts about the Open-X raw layouts
+with tf.cond / tf.where, not a Python `if` (that is a `ConfigError` naming the function when the pipeline is
+built). Register a new one with `@register_standardize_fn("id")` and name the id in the dataset's config. Facts about the Open-X raw layouts
 follow OpenVLA's `prismatic/vla/datasets/rlds/oxe/transforms.py`.
 """
 
