@@ -122,11 +122,11 @@ def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
         f.write(save(weights, metadata={"format": "pt"}))
     write_json_atomic(out_dir / "config.json", model_config(vlm), "model config")
     if not vlm.action_spec.is_default:
-        from prismatic.models.checkpoint_format import ACTION_MODEL_FILE
+        from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
 
         write_json_atomic(out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the model's action spec")
     if norm_stats is not None:
-        write_json_atomic(out_dir / "dataset_statistics.json", norm_stats, "dataset statistics")
+        write_json_atomic(out_dir / DATASET_STATISTICS_FILE, norm_stats, "dataset statistics")
     return out_dir
 
 

@@ -90,7 +90,7 @@ def merge(cfg: MergeConfig) -> Path:
     spec = spec_of(loaded.vlm)
     config = model_config(loaded.vlm)
     if not loaded.vlm.action_spec.is_default:
-        from prismatic.models.checkpoint_format import ACTION_MODEL_FILE
+        from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
 
         write_json_atomic(
             cfg.out_dir / ACTION_MODEL_FILE, loaded.vlm.action_spec.to_dict(), "the action spec"
@@ -102,7 +102,7 @@ def merge(cfg: MergeConfig) -> Path:
     write_json_atomic(cfg.out_dir / "config.json", config, "the merged model's config")
     if loaded.norm_stats is not None:
         write_json_atomic(
-            cfg.out_dir / "dataset_statistics.json", loaded.norm_stats, "the merged model's statistics"
+            cfg.out_dir / DATASET_STATISTICS_FILE, loaded.norm_stats, "the merged model's statistics"
         )
     weights = {k: v.detach().cpu() for k, v in loaded.vlm.state_dict().items()}
     atomic_torch_save({"model": group_by_module(weights)}, cfg.out_dir / "checkpoints" / LATEST_CHECKPOINT)

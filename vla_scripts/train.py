@@ -67,7 +67,8 @@ def write_run_config(cfg: TrainConfig, run_dir: Path, resumed_at: str | None = N
 def check_run_folder(cfg: TrainConfig, run_dir: Path) -> ResumePoint | None:
     """What this command continues, checked before anything loads (read-only, every rank): the checkpoint to
     resume (refused when it is another experiment), or None for a new run (refused over a run with checkpoints)."""
-    from prismatic.models.checkpoint_format import CHECKPOINTS_DIR, complete_checkpoints
+    from prismatic.models.checkpoint_format import complete_checkpoints
+    from prismatic.run_layout import CHECKPOINTS_DIR
 
     resume = cfg.resume_point(run_dir)
     if resume is not None:
@@ -133,12 +134,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     from torch.utils.data import DataLoader
 
     from prismatic.models.action_heads import build_action_head
-    from prismatic.models.checkpoint_format import (
-        ACTION_MODEL_FILE,
-        checkpoint_dir_name,
-        load_checkpoint_file,
-    )
+    from prismatic.models.checkpoint_format import load_checkpoint_file
     from prismatic.models.distributed_init import load_on_rank0
+    from prismatic.run_layout import ACTION_MODEL_FILE, checkpoint_dir_name
     from prismatic.training.checkpointing import (
         CheckpointManager,
         load_full_model_weights,
@@ -160,7 +158,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         RLDSDataset,
         save_dataset_statistics,
     )
-    from prismatic.vla.datasets.datasets import views_for
+    from prismatic.vla.datasets.batch_transform import views_for
     from prismatic.vla.datasets.rlds import mixture_statistics
 
     # --- set up: processes, config checks, run folder ---------------------------------------------------------
@@ -465,7 +463,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
 
 def stream_options(cfg: TrainConfig) -> dict[str, Any]:
     """`RLDSDataset` keywords the action side decides: the chunk window and, beyond one camera, the views."""
-    from prismatic.vla.datasets.datasets import views_for
+    from prismatic.vla.datasets.batch_transform import views_for
 
     options: dict[str, Any] = {"future_action_window_size": cfg.vla.chunk_size - 1}
     if cfg.vla.num_images > 1:

@@ -14,12 +14,8 @@ from pathlib import Path
 
 from prismatic.conf.data import DataOptions
 from prismatic.conf.vla import DEFAULT_VLA_ID, VLAConfig
-from prismatic.models.checkpoint_format import (
-    CHECKPOINT_FILE,
-    CHECKPOINTS_DIR,
-    is_sharded_checkpoint,
-    read_train_state,
-)
+from prismatic.models.checkpoint_format import is_sharded_checkpoint, read_train_state
+from prismatic.run_layout import CHECKPOINT_FILE, CHECKPOINTS_DIR
 from prismatic.util.errors import ConfigError, did_you_mean
 
 TRACKERS = ("jsonl", "wandb")

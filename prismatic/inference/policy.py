@@ -161,7 +161,7 @@ class VLAPolicy:
     @property
     def views(self) -> tuple[str, ...]:
         """The camera views a request carries, in order (`--vla.num_images` of primary, wrist, secondary)."""
-        from prismatic.vla.datasets.datasets import IMAGE_VIEWS
+        from prismatic.vla.datasets.batch_transform import IMAGE_VIEWS
 
         return IMAGE_VIEWS[: self.action_spec.num_images]
 

@@ -26,12 +26,22 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prismatic.run_layout import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_FILE,
+    CHECKPOINTS_DIR,
+    DCP_METADATA,
+    LATEST_POINTER,
+    LEGACY_LATEST,
+    MODEL_SAFETENSORS,
+    TMP_PREFIX,
+    TRAIN_STATE_FILE,
+)
 from prismatic.util.errors import ConfigError
 
 if (
@@ -43,24 +53,6 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 MODULE_KEYS = ("vision_backbone", "projector", "llm_backbone")
-CHECKPOINTS_DIR = "checkpoints"
-LATEST_POINTER = "latest"  # text file in checkpoints/: the name of the newest complete checkpoint folder
-LEGACY_LATEST = "latest-checkpoint.pt"  # Prismatic's name
-MODEL_SAFETENSORS = "model.safetensors"  # a model-only export (`export_hf.py --format safetensors`)
-TMP_PREFIX = ".tmp-"  # a checkpoint being written; removed at start-up if a crash left it
-TRAIN_STATE_FILE = "train_state.json"
-ACTION_MODEL_FILE = (
-    "action_model.json"  # in a run / model folder: its `ActionSpec` (absent: OpenVLA's tokens head)
-)
-DCP_METADATA = ".metadata"
-CHECKPOINT_DIR = re.compile(r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})$")
-CHECKPOINT_FILE = re.compile(
-    r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})-loss=(?P<loss>[-+0-9.einfa]+)\.pt$"
-)
-
-
-def checkpoint_dir_name(step: int, epoch: int) -> str:
-    return f"step-{step:06d}-epoch-{epoch:02d}"
 
 
 def is_sharded_checkpoint(path: Path) -> bool:

@@ -50,10 +50,10 @@ from prismatic.models.backbones.vision.registry import (
     vits_match,
     vits_of,
 )
-from prismatic.models.checkpoint_format import ACTION_MODEL_FILE
 from prismatic.models.materialize import VLMArchitecture
 from prismatic.models.registry import BaseVLMSpec
 from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
 from prismatic.util.errors import ConfigError, did_you_mean
 from prismatic.util.files import normal_permissions, write_json_atomic, write_text_atomic
 
@@ -353,7 +353,7 @@ def export_hf_openvla(
     )
     write_json_atomic(out_dir / "processor_config.json", processor_cfg, "the HF export's processor config")
     if norm_stats is not None:
-        write_json_atomic(out_dir / "dataset_statistics.json", norm_stats, "the HF export's statistics")
+        write_json_atomic(out_dir / DATASET_STATISTICS_FILE, norm_stats, "the HF export's statistics")
     save_tokenizer(vlm.llm_backbone.tokenizer, out_dir)
     if hf_code_dir is not None:
         for name in HF_CODE_FILES:

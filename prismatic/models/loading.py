@@ -48,17 +48,11 @@ from typing import Any
 import torch
 
 from prismatic.models.action_heads import ActionSpec
-from prismatic.models.checkpoint_format import (
-    ACTION_MODEL_FILE,
-    CHECKPOINTS_DIR,
-    LEGACY_LATEST,
-    is_sharded_checkpoint,
-    latest_checkpoint,
-    load_checkpoint_file,
-)
+from prismatic.models.checkpoint_format import is_sharded_checkpoint, latest_checkpoint, load_checkpoint_file
 from prismatic.models.materialize import VLM_PARTS, VLMArchitecture
 from prismatic.models.registry import BASE_VLMS, BaseVLMSpec, get_base_vlm_spec
 from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.run_layout import ACTION_MODEL_FILE, CHECKPOINTS_DIR, DATASET_STATISTICS_FILE, LEGACY_LATEST
 from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -469,12 +463,12 @@ def run_action_spec(folder: Path) -> ActionSpec:
 
 def _run_norm_stats(folder: Path) -> dict[str, Any] | None:
     """A run folder's `dataset_statistics.json`, if it has one."""
-    if not (folder / "dataset_statistics.json").is_file():
+    if not (folder / DATASET_STATISTICS_FILE).is_file():
         return None
     from prismatic.vla.datasets.rlds.statistics import read_statistics_file
 
     return read_statistics_file(
-        folder / "dataset_statistics.json", "run's dataset_statistics.json", per_dataset=True
+        folder / DATASET_STATISTICS_FILE, "run's dataset_statistics.json", per_dataset=True
     )
 
 

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
-from prismatic.models.checkpoint_format import ACTION_MODEL_FILE, load_checkpoint_file, run_folder_of
+from prismatic.models.checkpoint_format import load_checkpoint_file, run_folder_of
 from prismatic.models.lora import ADAPTER_NAME, lora_targets_in_state_dict
+from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import normal_permissions, write_json_atomic
 
@@ -114,7 +115,7 @@ def export_adapter(checkpoint: Path, out_dir: Path) -> Path:
     if action:
         save_file({k: v.contiguous() for k, v in action.items()}, str(out_dir / ACTION_WEIGHTS))
         normal_permissions(out_dir / ACTION_WEIGHTS)
-    for name in (ACTION_MODEL_FILE, "dataset_statistics.json"):
+    for name in (ACTION_MODEL_FILE, DATASET_STATISTICS_FILE):
         if (run_dir / name).is_file():
             (out_dir / name).write_bytes((run_dir / name).read_bytes())
     sidecar = {
@@ -193,7 +194,7 @@ def load_adapter(adapter_dir: Path, base: str | None = None, hf_token: str | Non
                 getattr(merged, module).load_state_dict(
                     {k.removeprefix(prefix): v for k, v in action.items() if k.startswith(prefix)}
                 )
-    stats_path = adapter_dir / "dataset_statistics.json"
+    stats_path = adapter_dir / DATASET_STATISTICS_FILE
     norm_stats = json.loads(stats_path.read_text()) if stats_path.is_file() else loaded.norm_stats
     logger.info("Merged the adapters of %s onto %s", adapter_dir, base)
     return LoadedVLA(merged, norm_stats, str(adapter_dir))

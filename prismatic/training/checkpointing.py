@@ -45,19 +45,21 @@ from torch.distributed.checkpoint.state_dict import (
 
 from prismatic.conf.data import DataOptions
 from prismatic.models.checkpoint_format import (
-    CHECKPOINTS_DIR,
     FORMAT_VERSION,
-    LATEST_POINTER,
     MODULE_KEYS,
-    TMP_PREFIX,
-    TRAIN_STATE_FILE,
-    checkpoint_dir_name,
     complete_checkpoints,
     flatten_modules,
     group_by_module,
     load_checkpoint_file,
     newest_checkpoint,
     read_train_state,
+)
+from prismatic.run_layout import (
+    CHECKPOINTS_DIR,
+    LATEST_POINTER,
+    TMP_PREFIX,
+    TRAIN_STATE_FILE,
+    checkpoint_dir_name,
 )
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import atomic_write, make_dirs, write_json_atomic, write_text_atomic

@@ -16,13 +16,11 @@ from typing import Any, Protocol
 
 import jsonlines
 
+from prismatic.run_layout import METRICS_FILE, WANDB_ID_FILE
 from prismatic.util.files import atomic_write, write_error, write_text_atomic
 from prismatic.util.redact import argv_redacted, redact_config
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-WANDB_ID_FILE = "wandb_run_id.txt"
 
 
 class Tracker(Protocol):

@@ -164,7 +164,7 @@ def test_early_eos_is_read_as_openvla_reads_it():
 
 
 def test_prompt_is_the_training_prompt(policy):
-    from prismatic.vla.datasets.datasets import RLDSBatchTransform
+    from prismatic.vla.datasets.batch_transform import RLDSBatchTransform
 
     transform = RLDSBatchTransform(
         policy.action_tokenizer, policy.tokenizer, policy.image_transform, policy.prompt_builder_fn

@@ -12,7 +12,6 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 from prismatic.models.checkpoint_format import (
-    checkpoint_dir_name,
     complete_checkpoints,
     flatten_modules,
     group_by_module,
@@ -23,6 +22,7 @@ from prismatic.models.checkpoint_format import (
     read_sharded_model_weights,
     run_folder_of,
 )
+from prismatic.run_layout import checkpoint_dir_name
 from prismatic.util.errors import ConfigError
 
 

@@ -62,7 +62,7 @@ def test_two_views_are_stacked_on_the_channel_axis(toy_data_root: Path) -> None:
     from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
     from prismatic.vla.action_tokenizer import ActionTokenizer
     from prismatic.vla.datasets import RLDSBatchTransform, RLDSDataset
-    from prismatic.vla.datasets.datasets import views_for
+    from prismatic.vla.datasets.batch_transform import views_for
 
     tokenizer = load_tiny_tokenizer()
 

@@ -72,7 +72,7 @@ def test_fast_image_path_is_bit_identical_to_the_backbones_transform(tiny_tokeni
     from PIL import Image
 
     from prismatic.models.backbones.vision.transforms import FusedImageTransform, build_image_transform
-    from prismatic.vla.datasets.datasets import fast_image_transform
+    from prismatic.vla.datasets.batch_transform import fast_image_transform
 
     def timm_224(mean: tuple, std: tuple) -> object:
         cfg = {

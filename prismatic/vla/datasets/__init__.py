@@ -13,13 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from prismatic.vla.datasets.batch_transform import RLDSBatchTransform
     from prismatic.vla.datasets.collator import PaddedCollatorForActionPrediction
-    from prismatic.vla.datasets.datasets import RLDSBatchTransform, RLDSDataset
+    from prismatic.vla.datasets.datasets import RLDSDataset
     from prismatic.vla.datasets.rlds import build_toy_datasets, get_mixture, save_dataset_statistics
 
 _MODULE_OF = {
     "PaddedCollatorForActionPrediction": "prismatic.vla.datasets.collator",
-    "RLDSBatchTransform": "prismatic.vla.datasets.datasets",
+    "RLDSBatchTransform": "prismatic.vla.datasets.batch_transform",
     "RLDSDataset": "prismatic.vla.datasets.datasets",
     "build_toy_datasets": "prismatic.vla.datasets.rlds",
     "get_mixture": "prismatic.vla.datasets.rlds",

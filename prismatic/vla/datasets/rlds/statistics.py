@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from prismatic.run_layout import DATASET_STATISTICS_FILE
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import write_json_atomic
 from prismatic.vla.datasets.rlds.configs import RLDSDatasetConfig
@@ -400,6 +401,6 @@ def save_dataset_statistics(statistics: Mapping[str, Any], run_dir: Path) -> Pat
     "std", "max", "min", "q01", "q99"}, "num_transitions": int, "num_trajectories": int}}, vectors as lists.
     Not collective: call it on one rank (rank 0).
     """
-    path = Path(run_dir) / "dataset_statistics.json"
+    path = Path(run_dir) / DATASET_STATISTICS_FILE
     write_json_atomic(path, _to_jsonable(statistics), "dataset statistics")
     return path

@@ -1,0 +1,50 @@
+"""The names of everything in a run folder, a checkpoint folder and a model folder: spelled here, nowhere else.
+
+Writers (training, export, LoRA merge) and readers (loading, the policy, evaluation) import these names; what
+each file holds is documented in the README ("What a run writes"). Pure constants: importing this module loads
+nothing else, so the config layer and `--help` can use it before torch.
+
+    runs/<run_id>/
+      config.yaml, config.json            CONFIG_STEM (+ ".resume-<checkpoint>" for a resume's own copy)
+      dataset_statistics.json             DATASET_STATISTICS_FILE (also in HF exports and LoRA adapters)
+      action_model.json                   ACTION_MODEL_FILE
+      metrics.jsonl                       METRICS_FILE
+      wandb_run_id.txt                    WANDB_ID_FILE
+      checkpoints/                        CHECKPOINTS_DIR
+        latest                            LATEST_POINTER
+        step-000040-epoch-01/             CHECKPOINT_DIR (checkpoint_dir_name)
+          .metadata, __<r>_0.distcp       DCP_METADATA, DCP's shards
+          data/                           DATA_SNAPSHOT_DIR
+          train_state.json                TRAIN_STATE_FILE
+"""
+
+from __future__ import annotations
+
+import re
+
+CONFIG_STEM = "config"  # config.yaml / config.json: the resolved TrainConfig
+DATASET_STATISTICS_FILE = (
+    "dataset_statistics.json"  # OpenVLA's per-dataset statistics (un-normalising actions)
+)
+ACTION_MODEL_FILE = "action_model.json"  # the model's `ActionSpec` (absent: OpenVLA's tokens head)
+METRICS_FILE = "metrics.jsonl"  # one JSON object per optimiser step
+WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resume continues
+HF_CONFIG_FILE = "config.json"  # an HF model folder's config (export_hf.py, OpenVLA's published checkpoints)
+
+CHECKPOINTS_DIR = "checkpoints"
+LATEST_POINTER = "latest"  # text file in checkpoints/: the name of the newest complete checkpoint folder
+LEGACY_LATEST = "latest-checkpoint.pt"  # Prismatic's name
+MODEL_SAFETENSORS = "model.safetensors"  # a model-only export (`export_hf.py --format safetensors`)
+TMP_PREFIX = ".tmp-"  # a checkpoint being written; removed at start-up if a crash left it
+TRAIN_STATE_FILE = "train_state.json"
+DCP_METADATA = ".metadata"
+DATA_SNAPSHOT_DIR = "data"  # each rank's data-stream snapshot inside a checkpoint folder
+CHECKPOINT_DIR = re.compile(r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})$")
+CHECKPOINT_FILE = re.compile(
+    r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})-loss=(?P<loss>[-+0-9.einfa]+)\.pt$"
+)
+
+
+def checkpoint_dir_name(step: int, epoch: int) -> str:
+    """`step-000040-epoch-01`: the folder name of the checkpoint after `step` optimiser steps."""
+    return f"step-{step:06d}-epoch-{epoch:02d}"
