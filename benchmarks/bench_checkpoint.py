@@ -77,7 +77,7 @@ def build_bench_vlm(size: str) -> PrismaticVLM:
     from transformers import LlamaConfig
 
     from prismatic.models import build_vlm
-    from prismatic.models.materialize import build_vlm_from_spec
+    from prismatic.models.materialize import VLMArchitecture, build_vlm_from_spec
     from prismatic.models.registry import get_base_vlm_spec
 
     if size == "tiny":
@@ -91,7 +91,7 @@ def build_bench_vlm(size: str) -> PrismaticVLM:
         eos_token_id=2,
     )
     return build_vlm_from_spec(
-        "bench-checkpoint-big", get_base_vlm_spec("tiny-vit+tiny-llama"), llm_config=config
+        VLMArchitecture("bench-checkpoint-big", get_base_vlm_spec("tiny-vit+tiny-llama"), llm_config=config)
     )
 
 

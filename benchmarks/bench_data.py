@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
     from prismatic.util.tf import import_tensorflow
     from prismatic.vla.action_tokenizer import ActionTokenizer
-    from prismatic.vla.datasets import PaddedCollatorForActionPrediction, RLDSBatchTransform, RLDSDataset
+    from prismatic.vla.datasets import (
+        PaddedCollatorForActionPrediction,
+        RLDSBatchTransform,
+        RLDSDataset,
+        StreamSpec,
+    )
 
     data_root, mix = args.data_root_dir, args.data_mix
     if args.bridge_like is not None:
@@ -176,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     floor_gb = current_rss_gb()
     start = time.perf_counter()
     dataset = RLDSDataset(
-        data_root,
-        mix,
+        StreamSpec(
+            data_root,
+            mix,
+            (args.resolution, args.resolution),
+            args.shuffle_buffer_size,
+            image_aug=args.image_aug,
+        ),
         transform,
-        (args.resolution, args.resolution),
-        args.shuffle_buffer_size,
-        image_aug=args.image_aug,
     )
     build_s = time.perf_counter() - start  # each rank pays it at start-up (plus statistics on a first run)
     collator = PaddedCollatorForActionPrediction(tokenizer.model_max_length, tokenizer.pad_token_id)

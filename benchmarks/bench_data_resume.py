@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     points = sorted(set(args.points))
 
     from prismatic.util.tf import import_tensorflow
-    from prismatic.vla.datasets import RLDSDataset
+    from prismatic.vla.datasets import RLDSDataset, StreamSpec
 
     data_root, mix = args.data_root_dir, args.data_mix
     if args.bridge_like is not None:
@@ -81,12 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def dataset() -> RLDSDataset:
         return RLDSDataset(
-            data_root,
-            mix,
+            StreamSpec(
+                data_root,
+                mix,
+                (args.resolution, args.resolution),
+                args.shuffle_buffer_size,
+                image_aug=args.image_aug,
+            ),
             lambda frame: frame,
-            (args.resolution, args.resolution),
-            args.shuffle_buffer_size,
-            image_aug=args.image_aug,
         )
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -52,7 +52,7 @@ def build_bench_vlm(hidden: int, layers: int):
     import torch
     from transformers import LlamaConfig
 
-    from prismatic.models.materialize import build_vlm_from_spec
+    from prismatic.models.materialize import VLMArchitecture, build_vlm_from_spec
     from prismatic.models.registry import BaseVLMSpec
 
     torch.manual_seed(0)
@@ -68,24 +68,18 @@ def build_bench_vlm(hidden: int, layers: int):
         eos_token_id=2,
     )
     spec = BaseVLMSpec("tiny-vit-64px", "tiny-llama", "gelu-mlp", "resize-naive")
-    return build_vlm_from_spec("bench-load", spec, llm_config=config)
+    return build_vlm_from_spec(VLMArchitecture("bench-load", spec, llm_config=config))
 
 
 def _old_load(folder: Path):
     """The pre-streaming loader: a random-init FP32 model, plus every shard read at once, copied in."""
-    from prismatic.models.hf_openvla import from_hf_state_dict, hf_architecture, read_hf_state_dict
+    from prismatic.models.hf_config import hf_architecture
+    from prismatic.models.hf_openvla import from_hf_state_dict
+    from prismatic.models.hf_shards import read_hf_state_dict
     from prismatic.models.materialize import build_vlm_from_spec
 
     arch = hf_architecture(folder)
-    vlm = build_vlm_from_spec(
-        arch.model_id,
-        arch.spec,
-        pretrained_vision=False,
-        pretrained_llm=False,
-        llm_config=arch.llm_config,
-        tokenizer_dir=arch.tokenizer_dir,
-        vision_spec=arch.vision_spec,
-    )
+    vlm = build_vlm_from_spec(arch, pretrained_vision=False, pretrained_llm=False)
     state = from_hf_state_dict(read_hf_state_dict(folder), arch.vision_spec)
     vlm.load_state_dict(state, strict=True)
     return vlm

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 
 CONFIG_STEM = "config"  # config.yaml / config.json: the resolved TrainConfig
+RUN_CONFIG_FILE = f"{CONFIG_STEM}.json"  # a run (or model) folder's resolved config, read back by the loaders
 DATASET_STATISTICS_FILE = (
     "dataset_statistics.json"  # OpenVLA's per-dataset statistics (un-normalising actions)
 )

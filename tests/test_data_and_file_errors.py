@@ -28,13 +28,13 @@ import torch
 
 from prismatic.training.checkpointing import (
     atomic_torch_save,
-    check_resume_compatible,
     load_checkpoint_file,
     saved_train_state,
 )
+from prismatic.training.run_folder import check_resume_compatible
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import atomic_write, check_dir_writable, make_dirs, write_text_atomic
-from prismatic.vla.datasets.rlds.dataset import (
+from prismatic.vla.datasets.rlds import (
     make_interleaved_dataset,
     mixture_statistics,
     resolve_mixture_dirs,
@@ -44,6 +44,7 @@ from prismatic.vla.datasets.rlds.statistics import (
     read_statistics_file,
     save_dataset_statistics,
 )
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "vla_scripts"
 TOY = "toy_push"  # the smaller toy dataset: 4 train + 4 val shard files
@@ -107,7 +108,7 @@ def test_damaged_val_file_is_named_while_iterating(toy_data_root: Path, tmp_path
     data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)
     damaged.write_bytes(bytes(data))
     os.utime(damaged, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    dataset = RLDSDataset(root, TOY, lambda frame: frame, (16, 16), 4, train=False)
+    dataset = RLDSDataset(StreamSpec(root, TOY, (16, 16), 4, train=False), lambda frame: frame)
     with pytest.raises(ConfigError, match="Corrupt or truncated TFRecord file") as error:
         list(dataset)
     assert str(damaged) in str(error.value)
@@ -130,7 +131,9 @@ def test_dataset_folder_without_version_folder(toy_data_root: Path, tmp_path: Pa
         lambda: resolve_mixture_dirs(
             root, TOY, skip_missing_datasets=True
         ),  # present but broken: not skipped
-        lambda: make_interleaved_dataset(root, TOY, resize_resolution=(16, 16), shuffle_buffer_size=4),
+        lambda: make_interleaved_dataset(
+            StreamSpec(root, TOY, resize_resolution=(16, 16), shuffle_buffer_size=4)
+        ),
     ):
         with pytest.raises(ConfigError, match="has no version folder") as error:
             call()

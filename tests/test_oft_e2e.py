@@ -55,7 +55,7 @@ def test_policy_server_and_evaluation_answer_chunks(oft_run: Path, toy_data_root
     from fastapi.testclient import TestClient
 
     import prismatic
-    from prismatic.inference.evaluation import evaluate
+    from prismatic.inference.evaluation import EvalSpec, evaluate
     from prismatic.inference.server import create_app
 
     policy = prismatic.load_policy(oft_run)
@@ -75,7 +75,7 @@ def test_policy_server_and_evaluation_answer_chunks(oft_run: Path, toy_data_root
         assert missing.status_code == 422 and "proprio" in missing.json()["error"]
         assert client.get("/metadata").json()["chunk_size"] == K
 
-    summary = evaluate(policy, toy_data_root, "toy", split="val", batch_size=16, max_frames=32)
+    summary = evaluate(policy, EvalSpec(toy_data_root, "toy", split="val", batch_size=16, max_frames=32))
     overall = summary["overall"]
     assert overall["num_frames"] == 32 and overall["action_token_accuracy"] is None
     positions = overall["l1_per_chunk_position"]

@@ -30,9 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from prismatic.conf.data import DataOptions
-from prismatic.inference.evaluation import SPLITS
+from prismatic.inference.evaluation import SPLITS, EvalSpec, evaluate, format_summary
+from prismatic.models.checkpoint_format import run_folder_of
+from prismatic.run_layout import CHECKPOINTS_DIR, CONFIG_STEM
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import write_json_atomic
+from prismatic.util.logging import setup_logging
 
 logger = logging.getLogger("vla_scripts.evaluate")
 
@@ -70,10 +74,8 @@ def _looks_like_path(checkpoint: str) -> bool:
 
 def run_config(checkpoint: Path) -> dict[str, Any]:
     """The run folder's config.json as a dict ({} when there is none or it is not a JSON object)."""
-    from prismatic.models.checkpoint_format import run_folder_of
-
     try:
-        config = json.loads((run_folder_of(checkpoint) / "config.json").read_text())
+        config = json.loads((run_folder_of(checkpoint) / f"{CONFIG_STEM}.json").read_text())
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
@@ -115,7 +117,7 @@ def default_out_path(checkpoint: str, split: str) -> Path:
         return Path(f"{checkpoint.replace('/', '--')}.eval-{split}.json")
     if local.is_file():
         return local.with_name(f"{local.stem}.eval-{split}.json")
-    if local.parent.name == "checkpoints" and local.name.startswith(
+    if local.parent.name == CHECKPOINTS_DIR and local.name.startswith(
         "step-"
     ):  # a checkpoint folder: beside it
         return local.with_name(f"{local.name}.eval-{split}.json")
@@ -155,14 +157,6 @@ def check_config(cfg: EvaluateConfig) -> None:
         raise ConfigError(f"--max_frames must be >= 1, got {cfg.max_frames}.")
 
 
-def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Write the JSON report atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Load, evaluate this rank's shard, combine ranks; rank 0 prints the table and writes the JSON.
 
@@ -171,15 +165,14 @@ def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozen
     check_config(cfg)  # before the heavy imports: a typo costs no model or TensorFlow start-up
     data_mix = resolve_data_mix(cfg)
 
+    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
     from prismatic.vla.datasets.rlds import mixture_statistics, resolve_mixture_dirs
 
     # An unknown mixture or missing datasets fail here, before the model loads.
     resolve_mixture_dirs(cfg.data_root_dir, data_mix)
 
-    from prismatic.inference import load_policy
-    from prismatic.inference.evaluation import evaluate, format_summary
-    from prismatic.util.dist import destroy_distributed, init_distributed, run_once_per_node
-    from prismatic.util.logging import setup_logging
+    from prismatic.inference import load_policy  # lazy: torch and the model code (seconds)
+    from prismatic.util.dist import destroy_distributed, init_distributed, run_once_per_node  # lazy: torch
 
     dist_info = init_distributed()
     try:
@@ -202,18 +195,17 @@ def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozen
         # Statistics (needed to normalise labels) are computed once per node if not cached yet.
         options = resolve_data_options(cfg, data_flags)
         run_once_per_node(lambda: mixture_statistics(cfg.data_root_dir, data_mix, options=options), dist_info)
-        summary = evaluate(
-            policy,
+        spec = EvalSpec(
             cfg.data_root_dir,
             data_mix,
             split=cfg.split,
             batch_size=cfg.batch_size,
             max_frames=cfg.max_frames,
             unnorm_key=cfg.unnorm_key,
-            rank=dist_info.rank,
-            world_size=dist_info.world_size,
-            reduce_device=dist_info.device,
             options=options,
+        )
+        summary = evaluate(
+            policy, spec, rank=dist_info.rank, world_size=dist_info.world_size, reduce_device=dist_info.device
         )
         report = {
             "checkpoint": cfg.checkpoint,
@@ -229,7 +221,7 @@ def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozen
         }
         if dist_info.is_main:
             out = cfg.out or default_out_path(cfg.checkpoint, cfg.split)
-            write_report(out, report)
+            write_json_atomic(out, report, "evaluation report")
             print(f"\nEvaluation of {cfg.checkpoint} on '{data_mix}' (split {cfg.split})\n", flush=True)
             print(format_summary(summary), flush=True)
             print(f"\nWrote {out}", flush=True)

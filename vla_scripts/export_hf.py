@@ -20,8 +20,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from prismatic.run_layout import (
+    ACTION_MODEL_FILE,
+    CHECKPOINTS_DIR,
+    DATASET_STATISTICS_FILE,
+    MODEL_SAFETENSORS,
+    RUN_CONFIG_FILE,
+)
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import atomic_write, write_json_atomic
+from prismatic.util.logging import setup_logging
 
 logger = logging.getLogger("vla_scripts.export_hf")
 
@@ -71,14 +80,14 @@ def export(cfg: ExportConfig) -> Path:
     shard). A run that started from an HF folder or Hub id takes its LLM config and tokenizer from that checkpoint
     (a Hub id from the local cache): nothing is downloaded again, so exporting works offline.
     """
+    # lazy: torch and the model code load after the flags are checked (--help and refusals stay instant)
     from prismatic.models.hf_openvla import export_hf_openvla
     from prismatic.models.loading import load_vla, spec_of
+    from prismatic.vla.datasets.rlds.statistics import read_statistics_file
 
     loaded = load_vla(cfg.checkpoint, hf_token=cfg.hf_token, dtype=cfg.dtype)
     norm_stats = loaded.norm_stats
     if cfg.dataset_statistics is not None:
-        from prismatic.vla.datasets.rlds.statistics import read_statistics_file
-
         norm_stats = read_statistics_file(
             cfg.dataset_statistics, "--dataset_statistics file", per_dataset=True
         )
@@ -104,10 +113,10 @@ def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
     """The consolidated model alone, in this tool's parameter names: `config.json` (architecture),
     `dataset_statistics.json` and `checkpoints/model.safetensors`. `load_vla` / `load_policy` read it, and
     `--vla.base_vlm <folder>` fine-tunes from it. Each file is written atomically."""
+    # lazy: safetensors.torch and the model code import torch (kept out of --help)
     from safetensors.torch import save
 
     from prismatic.models.loading import model_config
-    from prismatic.util.files import atomic_write, write_json_atomic
 
     weights, seen = {}, set()
     for (
@@ -118,12 +127,10 @@ def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
         weights[name] = tensor.clone() if key in seen else tensor
         seen.add(key)
-    with atomic_write(out_dir / "checkpoints" / "model.safetensors", "model weights") as f:
+    with atomic_write(out_dir / CHECKPOINTS_DIR / MODEL_SAFETENSORS, "model weights") as f:
         f.write(save(weights, metadata={"format": "pt"}))
-    write_json_atomic(out_dir / "config.json", model_config(vlm), "model config")
+    write_json_atomic(out_dir / RUN_CONFIG_FILE, model_config(vlm), "model config")
     if not vlm.action_spec.is_default:
-        from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
-
         write_json_atomic(out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the model's action spec")
     if norm_stats is not None:
         write_json_atomic(out_dir / DATASET_STATISTICS_FILE, norm_stats, "dataset statistics")
@@ -133,8 +140,6 @@ def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and export; a mistake exits 2 in one paragraph."""
-    from prismatic.util.logging import setup_logging
-
     cfg = parse_config(ExportConfig, argv, doc=__doc__)
     setup_logging(0)
     print(f"Wrote {export(cfg)}")

@@ -24,9 +24,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from prismatic.models.checkpoint_format import group_by_module, run_folder_of
+from prismatic.run_layout import (
+    ACTION_MODEL_FILE,
+    CHECKPOINTS_DIR,
+    DATASET_STATISTICS_FILE,
+    LEGACY_LATEST,
+    RUN_CONFIG_FILE,
+)
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import write_json_atomic
+from prismatic.util.logging import setup_logging
 
 HF_DTYPES = ("bfloat16", "float32", "float16")
 
@@ -74,14 +83,13 @@ class MergeConfig:
 
 def merge(cfg: MergeConfig) -> Path:
     """Load the checkpoint (adapters merged on load) and write the plain run folder. Returns `cfg.out_dir`."""
-    from prismatic.models.checkpoint_format import run_folder_of
+    # lazy: torch, peft and the model code load after the flags are checked (--help and refusals stay instant)
     from prismatic.models.hf_openvla import export_hf_openvla
-    from prismatic.models.loading import LATEST_CHECKPOINT, load_vla, model_config, spec_of
-    from prismatic.training.checkpointing import atomic_torch_save, group_by_module
+    from prismatic.models.loading import load_vla, model_config, spec_of
+    from prismatic.models.peft_adapters import load_adapter
+    from prismatic.training.checkpointing import atomic_torch_save
 
     if cfg.adapter is not None:
-        from prismatic.models.peft_adapters import load_adapter
-
         run_dir = cfg.adapter
         loaded = load_adapter(cfg.adapter, base=cfg.base, hf_token=cfg.hf_token)
     else:
@@ -90,22 +98,20 @@ def merge(cfg: MergeConfig) -> Path:
     spec = spec_of(loaded.vlm)
     config = model_config(loaded.vlm)
     if not loaded.vlm.action_spec.is_default:
-        from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
-
         write_json_atomic(
             cfg.out_dir / ACTION_MODEL_FILE, loaded.vlm.action_spec.to_dict(), "the action spec"
         )
-    if (run_dir / "config.json").is_file():
-        vla = json.loads((run_dir / "config.json").read_text()).get("vla")
+    if (run_dir / RUN_CONFIG_FILE).is_file():
+        vla = json.loads((run_dir / RUN_CONFIG_FILE).read_text()).get("vla")
         if vla is not None:
             config["vla"] = {**vla, "use_lora": False, "merged_from": str(cfg.checkpoint)}
-    write_json_atomic(cfg.out_dir / "config.json", config, "the merged model's config")
+    write_json_atomic(cfg.out_dir / RUN_CONFIG_FILE, config, "the merged model's config")
     if loaded.norm_stats is not None:
         write_json_atomic(
             cfg.out_dir / DATASET_STATISTICS_FILE, loaded.norm_stats, "the merged model's statistics"
         )
     weights = {k: v.detach().cpu() for k, v in loaded.vlm.state_dict().items()}
-    atomic_torch_save({"model": group_by_module(weights)}, cfg.out_dir / "checkpoints" / LATEST_CHECKPOINT)
+    atomic_torch_save({"model": group_by_module(weights)}, cfg.out_dir / CHECKPOINTS_DIR / LEGACY_LATEST)
     if cfg.hf_out_dir is not None:
         export_hf_openvla(loaded.vlm, spec, cfg.hf_out_dir, norm_stats=loaded.norm_stats, dtype=cfg.hf_dtype)
     return cfg.out_dir
@@ -114,11 +120,10 @@ def merge(cfg: MergeConfig) -> Path:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and merge; a mistake exits 2 in one paragraph."""
-    from prismatic.util.logging import setup_logging
-
     cfg = parse_config(MergeConfig, argv, doc=__doc__)
     setup_logging(0)
     if cfg.adapter_out is not None:
+        # lazy: peft and torch load only once the flags are checked
         from prismatic.models.peft_adapters import export_adapter
 
         print(f"Wrote {export_adapter(cfg.checkpoint, cfg.adapter_out)}")

@@ -25,6 +25,7 @@ than under load.
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +33,9 @@ from typing import TYPE_CHECKING
 
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
+from prismatic.util.logging import setup_logging
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the policy module imports torch
     from prismatic.inference import VLAPolicy
 
 logger = logging.getLogger("vla_scripts.serve")
@@ -76,8 +78,6 @@ def check_bindable(host: str, port: int) -> None:
     Raises:
         ConfigError: unknown host, port in use, or no permission.
     """
-    import socket
-
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
@@ -100,6 +100,7 @@ def warm_up(policy: VLAPolicy, batch_size: int) -> None:
     Raises:
         ConfigError: the device ran out of memory.
     """
+    # lazy: numpy, torch and the server load after the flags are checked, keeping --help and refusals instant
     import numpy as np
     import torch
 
@@ -120,6 +121,7 @@ def serve(cfg: ServeConfig) -> None:
     """Load the policy, warm it up, and serve it until interrupted."""
     check_bindable(cfg.host, cfg.port)
 
+    # lazy: torch, uvicorn and the model code load after the port is checked (--help and refusals stay instant)
     import torch
     import uvicorn
 
@@ -156,8 +158,6 @@ def serve(cfg: ServeConfig) -> None:
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and serve until interrupted; a mistake exits 2 in one paragraph."""
-    from prismatic.util.logging import setup_logging
-
     cfg = parse_config(ServeConfig, argv, doc=__doc__)
     setup_logging(0)
     serve(cfg)

@@ -14,11 +14,10 @@ from pathlib import Path
 
 from prismatic.conf.data import DataOptions
 from prismatic.conf.vla import DEFAULT_VLA_ID, VLAConfig
-from prismatic.models.checkpoint_format import is_sharded_checkpoint, read_train_state
-from prismatic.run_layout import CHECKPOINT_FILE, CHECKPOINTS_DIR
+from prismatic.run_layout import CHECKPOINTS_DIR
+from prismatic.training.trackers import TRACKERS
 from prismatic.util.errors import ConfigError, did_you_mean
 
-TRACKERS = ("jsonl", "wandb")
 GRAD_SYNC = ("auto", "micro-batch", "step")
 SHARDING = ("auto", "full", "hybrid")
 LATEST = "latest"
@@ -46,19 +45,6 @@ class EvalConfig:
 
     interval: int | None = None  # evaluate every N optimiser steps and at the end; null: never
     num_batches: int = 4  # batches per dataset per rank at each evaluation (the same frames every time)
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """A checkpoint to continue: a sharded folder (or an older .pt file) and the step / epoch it ends at."""
-
-    path: Path
-    step: int
-    epoch: int
-
-    @property
-    def sharded(self) -> bool:
-        return self.path.is_dir()
 
 
 @dataclass
@@ -173,8 +159,7 @@ class TrainConfig:
             )
         if self.pretrained_checkpoint is not None and not self.pretrained_checkpoint.exists():
             raise ConfigError(f"pretrained_checkpoint '{self.pretrained_checkpoint}' does not exist.")
-        if isinstance(self.resume_source(), Path):
-            self.resume_point()
+        self.resume_source()  # refuses --resume_step / --resume_epoch without a checkpoint
 
     def resume_source(self) -> Path | str | None:
         """What to continue: LATEST (this run's newest checkpoint), a checkpoint path, or None (a new run)."""
@@ -190,69 +175,6 @@ class TrainConfig:
                 "--pretrained_checkpoint or --resume; pass --resume to continue the run."
             )
         return None
-
-    def resume_point(self, run_dir: Path | None = None) -> ResumePoint | None:
-        """The checkpoint to continue, with its step and epoch; None for a new run.
-
-        `--resume` alone needs `run_dir` (this run's folder): its newest complete checkpoint. A folder comes with
-        `train_state.json`; an older `.pt` file's step and epoch are read from its name. `--resume_step` /
-        `--resume_epoch`, when given (OpenVLA's flags), must match.
-        """
-        source = self.resume_source()
-        if source is None:
-            return None
-        if source == LATEST:
-            if run_dir is None:
-                return None
-            from prismatic.models.checkpoint_format import newest_checkpoint
-
-            path = newest_checkpoint(run_dir / CHECKPOINTS_DIR)
-            if path is None:
-                where = (
-                    f"'{run_dir / CHECKPOINTS_DIR}'"
-                    if (run_dir / CHECKPOINTS_DIR).is_dir()
-                    else f"'{run_dir}'"
-                )
-                raise ConfigError(
-                    f"--resume found no complete checkpoint of run '{run_dir.name}' in {where}: the run has not "
-                    "saved one yet (or this is not its --run_id / --run_root_dir). Run the same command without "
-                    "--resume to start it over, or pass --resume <checkpoint folder>."
-                )
-        else:
-            path = Path(source)
-        flag = "--resume" if self.resume is not None else "--pretrained_checkpoint"
-        if not path.exists():
-            raise ConfigError(f"{flag} '{path}' does not exist.")
-        if path.is_dir():
-            if not is_sharded_checkpoint(path):
-                raise ConfigError(
-                    f"{flag} '{path}' is not a complete checkpoint folder (no .metadata / train_state.json): pass a "
-                    f"<run_dir>/{CHECKPOINTS_DIR}/step-* folder, or --resume alone for the run's newest one."
-                )
-            state = read_train_state(path)
-            step, epoch = int(state["step"]), int(state["epoch"])
-        else:
-            match = CHECKPOINT_FILE.match(path.name)
-            if match is None:
-                raise ConfigError(
-                    f"Cannot resume from '{path.name}': resuming needs a checkpoint folder step-<step>-epoch-<epoch> "
-                    "or an older file step-<step>-epoch-<epoch>-loss=<loss>.pt as this tool writes them (or pass "
-                    "--is_resume false to only load its weights)."
-                )
-            step, epoch = int(match["step"]), int(match["epoch"])
-            if self.resume is None and (self.resume_step is None or self.resume_epoch is None):
-                raise ConfigError(
-                    f"Resuming from the file '{path.name}' needs --resume_step {step} --resume_epoch {epoch} (or "
-                    f"pass --resume {path})."
-                )
-        for given, actual in ((self.resume_step, step), (self.resume_epoch, epoch)):
-            if given is not None and given != actual:
-                raise ConfigError(
-                    f"--resume_step {self.resume_step} --resume_epoch {self.resume_epoch} do not match checkpoint "
-                    f"'{path.name}' (step {step}, epoch {epoch}). Pass --resume_step {step} --resume_epoch {epoch}, "
-                    "or leave both out: the checkpoint says where it is."
-                )
-        return ResumePoint(path, step, epoch)
 
     def resolve_run_id(self, num_nodes: int) -> str:
         """The run id: explicit, or the run being resumed (a checkpoint inside <run>/checkpoints/), or OpenVLA's
@@ -278,6 +200,6 @@ class TrainConfig:
         huggingface_hub's own lookup ($HF_TOKEN, then the token `huggingface-cli login` stored), else None."""
         if self.hf_token is not None:
             return os.environ.get(self.hf_token, self.hf_token)
-        from huggingface_hub import get_token
+        from huggingface_hub import get_token  # lazy: keeps the config layer (and --help) light
 
         return get_token()

@@ -18,16 +18,14 @@ from typing import Any
 
 from draccus import ChoiceRegistry
 
+from prismatic.models.action_heads.registry import ACTION_HEADS, is_chunked
+from prismatic.training.strategies import TRAIN_STRATEGIES
 from prismatic.util.errors import ConfigError, did_you_mean
 
 if typing.TYPE_CHECKING:
     from prismatic.models.lora import LoraSettings
 
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
-TRAIN_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp")
-# The choices of --vla.action_head: prismatic/models/action_heads.py registers one head per name; a plugin that adds
-# a head appends its name here (the config stays torch-free, so it cannot read that registry).
-ACTION_HEADS = ["tokens", "l1-chunk"]
 
 
 @dataclass
@@ -47,7 +45,7 @@ class VLAConfig(ChoiceRegistry):
     data_mix: str = "bridge"  # mixture or dataset name (prismatic/vla/datasets/rlds/mixtures.py)
     shuffle_buffer_size: int = 256_000  # frames held by the frame-level shuffle buffer (per rank, >= 1)
 
-    # Action representation (prismatic/models/action_heads.py). "tokens": OpenVLA's 256-bin action tokens,
+    # Action representation (prismatic/models/action_heads/). "tokens": OpenVLA's 256-bin action tokens,
     # decoded one dimension per forward. "l1-chunk": OpenVLA-OFT's recipe, a chunk of `chunk_size` continuous
     # actions predicted in one forward (parallel decoding) by an MLP on the LLM's last hidden states, L1 loss.
     action_head: str = "tokens"  # tokens or l1-chunk
@@ -88,10 +86,10 @@ class VLAConfig(ChoiceRegistry):
         self.check_values()
 
     def lora_settings(self) -> LoraSettings | None:
-        """The LoRA settings when `use_lora`, else None (imported lazily: the config stays torch-free)."""
+        """The LoRA settings when `use_lora`, else None."""
         if not self.use_lora:
             return None
-        from prismatic.models.lora import LoraSettings
+        from prismatic.models.lora import LoraSettings  # lazy: peft and torch stay out of the config layer
 
         return LoraSettings(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
@@ -170,16 +168,18 @@ class VLAConfig(ChoiceRegistry):
                 "min(lora_rank, 16))."
             )
 
-        if self.action_head == "tokens" and self.chunk_size != 1:
+        if not is_chunked(self.action_head) and self.chunk_size != 1:
+            chunk_heads = " or ".join(name for name in ACTION_HEADS if is_chunked(name))
             raise ConfigError(
-                f"--vla.chunk_size={self.chunk_size} needs a chunk head: the 'tokens' head predicts one action "
-                "per forward. Pass --vla.action_head l1-chunk (OpenVLA-OFT's recipe) or --vla.chunk_size 1."
+                f"--vla.chunk_size={self.chunk_size} needs a chunk head: the '{self.action_head}' head predicts one "
+                f"action per forward. Pass --vla.action_head {chunk_heads} (OpenVLA-OFT's recipe) or "
+                "--vla.chunk_size 1."
             )
-        if self.cpu_offload and not self.train_strategy.startswith("fsdp"):
+        if self.cpu_offload and not TRAIN_STRATEGIES.fact(self.train_strategy, "cpu_offload", False):
             raise ConfigError(
                 f"--vla.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not "
                 f"--vla.train_strategy {self.train_strategy}. Valid choices with offload: "
-                f"{', '.join(s for s in TRAIN_STRATEGIES if s.startswith('fsdp'))}."
+                f"{', '.join(s for s in TRAIN_STRATEGIES if TRAIN_STRATEGIES.fact(s, 'cpu_offload', False))}."
             )
 
     def validate(self, world_size: int) -> None:

@@ -11,7 +11,10 @@ re-runs the whole model (vision backbone included) on the grown sequence at ever
 
 Decoding is greedy. Constrained decoding takes the argmax over the action-token ids only (a contiguous id
 range), and its log-probabilities are those of the distribution over that range; unconstrained decoding is
-OpenVLA's (argmax over every logit, the padded embedding rows included; log-probabilities over all of them).
+OpenVLA's (argmax over every logit, the padded embedding rows included; log-probabilities over all of them), and
+`openvla_action_ids` reads its action back as OpenVLA does when EOS comes early. The tokens head
+(`prismatic/models/action_heads/tokens.py`) decodes with these; `PolicyInputError` is what a head or the policy
+raises for a request it cannot answer.
 """
 
 from __future__ import annotations
@@ -19,11 +22,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from prismatic.models.backbones.vision.base_vision import PixelValues
-from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.util.errors import ConfigError
+
+if TYPE_CHECKING:
+    from prismatic.models.backbones.vision.base_vision import PixelValues
+    from prismatic.models.vlms.prismatic import PrismaticVLM
+
+
+class PolicyInputError(ConfigError):
+    """A request the policy cannot answer (bad image, instruction or unnorm key); the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,24 @@ class GreedyTokens:
 
     token_ids: torch.Tensor
     logprobs: torch.Tensor
+
+
+def openvla_action_ids(
+    prompt_ids: Sequence[int], generated_ids: Sequence[int], eos_id: int, action_dim: int
+) -> tuple[list[int], list[bool]]:
+    """The ids OpenVLA's `predict_action` reads as the action after unconstrained generation.
+
+    Its `generate` stops at EOS, and it takes the last `action_dim` ids of prompt + output: when EOS comes early,
+    EOS and trailing prompt ids become "actions". Returns those ids and, per id, whether it was generated.
+    """
+    generated = list(generated_ids)
+    if eos_id in generated[:action_dim]:
+        generated = generated[: generated.index(eos_id) + 1]
+    sequence = [*prompt_ids, *generated][-action_dim:]
+    from_output = [False] * (action_dim - min(action_dim, len(generated))) + [True] * min(
+        action_dim, len(generated)
+    )
+    return sequence, from_output
 
 
 def _keep_last_logits_kwarg(llm: torch.nn.Module) -> dict[str, int]:

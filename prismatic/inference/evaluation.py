@@ -1,6 +1,6 @@
 """Offline evaluation of a policy on a held-out RLDS split: metric sums and the evaluation loop.
 
-    summary = evaluate(policy, data_root_dir, "toy", split="val", rank=rank, world_size=world_size)
+    summary = evaluate(policy, EvalSpec(data_root_dir, "toy", split="val"), rank=rank, world_size=world_size)
     print(format_summary(summary))
 
 Metrics, per dataset of the mixture and overall (`vla_scripts/evaluate.py` is the command line):
@@ -23,8 +23,10 @@ never wait on each other mid-way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +57,31 @@ _METRIC_KEYS = (
     "mse_per_dim",
     "l1_per_chunk_position",
 )
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate on and how (the data flags of `vla_scripts/evaluate.py`).
+
+    Attributes:
+        data_root_dir, data_mix: the RLDS datasets, as for training.
+        split: "val" (one pass over the held-out split) or "train" (a sample of the training stream; needs
+            `max_frames`).
+        batch_size: frames decoded together.
+        max_frames: frames of *this rank* at most (None: the whole split).
+        unnorm_key: one dataset's statistics un-normalise every frame (None: each frame's own dataset's).
+        options: the data options (statistics, filtering, proprio), the run's own normally.
+        seed: the stream's seed (the order of `--split train` frames).
+    """
+
+    data_root_dir: Path
+    data_mix: str
+    split: str = "val"
+    batch_size: int = 32
+    max_frames: int | None = None
+    unnorm_key: str | None = None
+    options: DataOptions = field(default_factory=DataOptions)
+    seed: int = 7
 
 
 class EvalMetrics:
@@ -157,6 +185,7 @@ class EvalMetrics:
         Collective: call it on every rank, once, after the last `update`. `device` is where the reduction runs
         (CUDA for NCCL, CPU for gloo). A no-op without an initialised process group.
         """
+        # lazy: keeps this module (and evaluate.py's --help) torch-free
         import torch
         import torch.distributed as dist
 
@@ -290,50 +319,40 @@ def evaluate_frames(
     return evaluated
 
 
-def eval_dataset(
-    policy: VLAPolicy,
-    data_root_dir: Path,
-    data_mix: str,
-    *,
-    split: str = "val",
-    rank: int = 0,
-    world_size: int = 1,
-    seed: int = 7,
-    options: DataOptions | None = None,
-) -> RLDSDataset:
-    """The frames of `split` for this rank, at the policy's image size, with raw actions.
+def eval_stream_spec(policy: VLAPolicy, spec: EvalSpec, *, rank: int = 0, world_size: int = 1) -> StreamSpec:
+    """The `StreamSpec` of `spec.split` for this rank, at the policy's image size, with raw actions.
 
     `val`: one pass over the val split (or the last 5% of train for datasets without one), in a fixed order,
     ranks reading disjoint trajectories. `train`: the training stream (shuffled, endless, no augmentation), for
     a fit check on a sample of it; the caller bounds it with `max_frames`.
     """
-    import dataclasses
-
-    from prismatic.vla.datasets import RLDSDataset
-
-    if split not in SPLITS:
-        raise ConfigError(f"Unknown split '{split}'. Valid choices: {', '.join(SPLITS)}.")
-    options = options or DataOptions()
+    if spec.split not in SPLITS:
+        raise ConfigError(f"Unknown split '{spec.split}'. Valid choices: {', '.join(SPLITS)}.")
+    options = spec.options
     if policy.action_spec.proprio_dim and not options.load_proprio:
         options = dataclasses.replace(options, load_proprio=True)
     # Frames as the policy was trained on: its chunk (the future window) and its camera views.
-    stream: dict[str, Any] = {"future_action_window_size": policy.chunk_size - 1}
-    if len(policy.views) > 1:
-        stream["image_views"] = policy.views
-    return RLDSDataset(
-        data_root_dir,
-        data_mix,
-        eval_frame,
+    return StreamSpec(
+        spec.data_root_dir,
+        spec.data_mix,
         resize_resolution=tuple(policy.vlm.vision_backbone.default_image_resolution[1:]),
         shuffle_buffer_size=TRAIN_SAMPLE_SHUFFLE_BUFFER,
-        train=split == "train",
-        seed=seed,
+        options=options,
+        image_views=tuple(policy.views) if len(policy.views) > 1 else ("primary",),
+        future_action_window_size=policy.chunk_size - 1,
+        keep_raw_action=True,
+        seed=spec.seed,
+        train=spec.split == "train",
         rank=rank,
         world_size=world_size,
-        keep_raw_action=True,
-        options=options,
-        **stream,
     )
+
+
+def eval_dataset(policy: VLAPolicy, spec: EvalSpec, *, rank: int = 0, world_size: int = 1) -> RLDSDataset:
+    """The frames of `spec.split` for this rank (`eval_stream_spec`), each made by `eval_frame`."""
+    from prismatic.vla.datasets.datasets import RLDSDataset  # lazy: torch; keeps --help torch-free
+
+    return RLDSDataset(eval_stream_spec(policy, spec, rank=rank, world_size=world_size), eval_frame)
 
 
 def check_unnorm_keys(
@@ -396,37 +415,30 @@ def _warn_if_statistics_differ(
 
 def evaluate(
     policy: VLAPolicy,
-    data_root_dir: Path,
-    data_mix: str,
+    spec: EvalSpec,
     *,
-    split: str = "val",
-    batch_size: int = 32,
-    max_frames: int | None = None,
-    unnorm_key: str | None = None,
     rank: int = 0,
     world_size: int = 1,
     reduce_device: torch.device | str = "cpu",
-    options: DataOptions | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `policy` on this rank's shard of `split` of `data_mix`, then combine all ranks.
+    """Evaluate `policy` on this rank's shard of `spec.split` of `spec.data_mix`, then combine all ranks.
 
     Collective when `world_size > 1`: call on every rank; every rank returns the same global summary
-    (`EvalMetrics.summary()`). `max_frames` caps the frames of *this rank*; `reduce_device` is where the one
+    (`EvalMetrics.summary()`). `spec.max_frames` caps the frames of *this rank*; `reduce_device` is where the one
     `all_reduce` runs (the rank's CUDA device with NCCL).
 
     Raises:
         ConfigError: bad mixture / data / split / unnorm key (see `check_unnorm_keys`), `--split train` without
             `max_frames`, or no frames at all in the split.
     """
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
+    split, max_frames, unnorm_key, data_mix = spec.split, spec.max_frames, spec.unnorm_key, spec.data_mix
+    if spec.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {spec.batch_size}.")
     if max_frames is not None and max_frames < 1:
         raise ConfigError(f"max_frames must be >= 1, got {max_frames}.")
     if split == "train" and max_frames is None:
         raise ConfigError("--split train streams training frames without end: bound it with --max_frames N.")
-    dataset = eval_dataset(
-        policy, data_root_dir, data_mix, split=split, rank=rank, world_size=world_size, options=options
-    )
+    dataset = eval_dataset(policy, spec, rank=rank, world_size=world_size)
     statistics = dataset.dataset_statistics
     action_dim = check_unnorm_keys(policy, statistics, unnorm_key, data_mix=data_mix)
     if rank == 0:
@@ -435,14 +447,14 @@ def evaluate(
         sorted(statistics), action_dim, chunk_size=policy.chunk_size, has_tokens=not policy.is_chunked
     )
     evaluated = evaluate_frames(
-        policy, dataset, metrics, batch_size=batch_size, max_frames=max_frames, unnorm_key=unnorm_key
+        policy, dataset, metrics, batch_size=spec.batch_size, max_frames=max_frames, unnorm_key=unnorm_key
     )
     logger.info("Rank %d evaluated %d frames", rank, evaluated)
     metrics.all_reduce(reduce_device)
     summary = metrics.summary()
     if summary["overall"]["num_frames"] == 0:
         raise ConfigError(
-            f"Split '{split}' of mixture '{data_mix}' under '{data_root_dir}' holds no frames to evaluate."
+            f"Split '{split}' of mixture '{data_mix}' under '{spec.data_root_dir}' holds no frames to evaluate."
         )
     return summary
 

@@ -5,11 +5,13 @@
     actions, logprobs = policy.predict_action_batch(images, instructions, return_logprobs=True)   # (B, 7) each
 
 `VLAPolicy` owns everything inference needs in one place: the VLM, its image transform, the prompt of its LLM
-(`prismatic/vla/prompt.py`, the one training uses), the action tokenizer, the checkpoint's `norm_stats`, and the
-device and dtype. An action comes out as OpenVLA's HF `predict_action` makes it: the same prompt and special
-tokens, greedy decoding of `action_dim` tokens, the same bin centres (`vocab_size - id`, shifted and clipped),
-and the same un-normalisation (`0.5 * (a + 1) * (q99 - q01) + q01` where the mask is True, float64), so a
-checkpoint gives the same action here and in OpenVLA's evaluation code.
+(`prismatic/vla/prompt.py`, the one training uses), the action tokenizer, the checkpoint's `norm_stats`, the
+device and dtype, and the action head the model was trained with, which decodes (`ActionHead.predict`): the
+policy prepares the requests and un-normalises whatever the head predicts. An action comes out as OpenVLA's HF
+`predict_action` makes it: the same prompt and special tokens, greedy decoding of `action_dim` tokens, the
+same bin centres (`vocab_size - id`, shifted and clipped), and the same un-normalisation (`0.5 * (a + 1) *
+(q99 - q01) + q01` where the mask is True, float64), so a checkpoint gives the same action here and in
+OpenVLA's evaluation code.
 
 Decoding is constrained to the 256 action-token ids by default; `constrained=False` is OpenVLA's unconstrained
 greedy decoding, including its stop at EOS (the action is then the last `action_dim` ids of prompt + output, as
@@ -33,20 +35,20 @@ import numpy as np
 import torch
 from PIL import Image
 
-from prismatic.inference.decoding import greedy_decode
-from prismatic.models.action_heads import build_action_head
+from prismatic.inference.decoding import PolicyInputError
+from prismatic.models.action_heads import DecodeRequest, build_action_head
+from prismatic.models.loading import load_vla
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
+from prismatic.vla.datasets.batch_transform import IMAGE_VIEWS
+from prismatic.vla.datasets.rlds.configs import NormalizationType
+from prismatic.vla.datasets.rlds.normalization import normalize_np, unnormalize_np
 from prismatic.vla.prompt import action_prompt_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ImageLike = np.ndarray | Image.Image
 DEFAULT_ACTION_DIM = 7  # tokens decoded for a checkpoint without statistics (OpenVLA's EEF delta + gripper)
-
-
-class PolicyInputError(ConfigError):
-    """A request the policy cannot answer (bad image, instruction or unnorm key); the message says what to fix."""
 
 
 def unnormalize_actions(normalized: np.ndarray, action_stats: Mapping[str, Any]) -> np.ndarray:
@@ -56,27 +58,8 @@ def unnormalize_actions(normalized: np.ndarray, action_stats: Mapping[str, Any])
         normalized: actions in [-1, 1] (bin centres), `[..., action_dim]`.
         action_stats: one dataset's `norm_stats[key]["action"]` (q01, q99, optional mask).
     """
-    low, high = np.array(action_stats["q01"]), np.array(action_stats["q99"])
-    mask = np.array(action_stats.get("mask", np.ones_like(low, dtype=bool)), dtype=bool)
-    return np.where(mask, 0.5 * (normalized + 1) * (high - low) + low, normalized)
-
-
-def openvla_action_ids(
-    prompt_ids: Sequence[int], generated_ids: Sequence[int], eos_id: int, action_dim: int
-) -> tuple[list[int], list[bool]]:
-    """The ids OpenVLA's `predict_action` reads as the action after unconstrained generation.
-
-    Its `generate` stops at EOS, and it takes the last `action_dim` ids of prompt + output: when EOS comes early,
-    EOS and trailing prompt ids become "actions". Returns those ids and, per id, whether it was generated.
-    """
-    generated = list(generated_ids)
-    if eos_id in generated[:action_dim]:
-        generated = generated[: generated.index(eos_id) + 1]
-    sequence = [*prompt_ids, *generated][-action_dim:]
-    from_output = [False] * (action_dim - min(action_dim, len(generated))) + [True] * min(
-        action_dim, len(generated)
-    )
-    return sequence, from_output
+    mask = action_stats.get("mask")
+    return unnormalize_np(normalized, action_stats, NormalizationType.BOUNDS_Q99, mask, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -139,12 +122,7 @@ class VLAPolicy:
         self.tokenizer = vlm.llm_backbone.tokenizer
         self.image_transform = vlm.vision_backbone.get_image_transform()
         self.prompt_builder_fn = vlm.llm_backbone.prompt_builder_fn
-        # Action ids come from the tokenizer's vocabulary size, as in training; the model's embedding matrix may
-        # have more (padded) rows, which only unconstrained decoding can pick.
         self.action_tokenizer = ActionTokenizer(self.tokenizer)
-        self.action_ids = range(
-            self.action_tokenizer.action_token_begin_idx + 1, self.action_tokenizer.vocab_size
-        )
         self._prompt_cache: dict[str, list[int]] = {}
         self.action_spec = vlm.action_spec
         self.head = build_action_head(self.action_spec, self.action_tokenizer, vlm.num_prefix_tokens)
@@ -156,13 +134,12 @@ class VLAPolicy:
 
     @property
     def is_chunked(self) -> bool:
-        return self.action_spec.head != "tokens"
+        """Whether actions come out as chunks `(chunk_size, action_dim)` without token ids (the head says)."""
+        return self.head.chunked
 
     @property
     def views(self) -> tuple[str, ...]:
         """The camera views a request carries, in order (`--vla.num_images` of primary, wrist, secondary)."""
-        from prismatic.vla.datasets.batch_transform import IMAGE_VIEWS
-
         return IMAGE_VIEWS[: self.action_spec.num_images]
 
     @property
@@ -272,9 +249,6 @@ class VLAPolicy:
             return None
         if proprio is None:
             raise PolicyInputError(f"This policy reads proprio: pass proprio= ({width} numbers per request).")
-        from prismatic.vla.datasets.rlds.configs import NormalizationType
-        from prismatic.vla.datasets.rlds.normalization import normalize_np
-
         values = np.asarray(proprio, dtype=np.float32).reshape(len(keys), -1)
         if values.shape[1] != width:
             raise PolicyInputError(f"proprio must have {width} numbers per request, got {values.shape[1]}.")
@@ -302,11 +276,16 @@ class VLAPolicy:
         A row whose key is None (a checkpoint without statistics) keeps its normalised action.
         """
         normalized = self.action_tokenizer.decode_ids(token_ids)
+        return normalized, self.unnormalize(normalized, unnorm_keys)
+
+    def unnormalize(self, normalized: np.ndarray, unnorm_keys: Sequence[str | None]) -> np.ndarray:
+        """Normalised actions `[B, ...]` -> robot units, float64, each row with its dataset's statistics (a row
+        whose key is None keeps its normalised values)."""
         actions = normalized.copy()
         for row, key in enumerate(unnorm_keys):
             if key is not None:
                 actions[row] = unnormalize_actions(normalized[row], self.norm_stats[key]["action"])
-        return normalized, actions
+        return actions
 
     def decode_batch(
         self,
@@ -335,7 +314,6 @@ class VLAPolicy:
             raise PolicyInputError(
                 f"Need as many images as instructions (at least one), got {len(images)} and {len(instructions)}."
             )
-        constrained = self.constrained if constrained is None else constrained
         keys = self._row_keys(unnorm_key, len(images))
         if self.norm_stats is None and all(key is None for key in keys):
             resolved: list[str | None] = keys
@@ -348,82 +326,20 @@ class VLAPolicy:
                 f"Requests of one batch need the same action dimension; unnorm keys {sorted(set(resolved))} have "
                 f"{sorted(dims)}."
             )
-        action_dim = dims.pop()
-        prompt_ids = [self._prompt_ids(instruction) for instruction in instructions]
-        pixel_values = self._pixel_values(images)
-        proprio_values = self._proprio(proprio, resolved)
-        if self.is_chunked:
-            return self._decode_chunks(prompt_ids, pixel_values, proprio_values, resolved, action_dim)
-        eos_id = self.tokenizer.eos_token_id
-        tokens = greedy_decode(
-            self.vlm,
-            prompt_ids,
-            pixel_values,
-            action_dim,
+        request = DecodeRequest(
+            prompt_ids=[self._prompt_ids(instruction) for instruction in instructions],
+            pixel_values=self._pixel_values(images),
+            proprio=self._proprio(proprio, resolved),
+            action_dim=dims.pop(),
             pad_id=self.tokenizer.pad_token_id,
-            allowed_ids=self.action_ids if constrained else None,
+            eos_id=self.tokenizer.eos_token_id,
+            device=self.device,
+            constrained=self.constrained if constrained is None else constrained,
             use_cache=use_cache,
-            proprio=proprio_values,
         )
-        token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()
-        if not constrained:  # OpenVLA's generate stops at EOS; the action is then read from prompt + output
-            for row, prompt in enumerate(prompt_ids):
-                ids, generated = openvla_action_ids(prompt, token_ids[row].tolist(), eos_id, action_dim)
-                shift = action_dim - sum(generated)
-                logprobs[row] = np.concatenate(
-                    [np.full(shift, np.nan, np.float32), logprobs[row, : action_dim - shift]]
-                )
-                token_ids[row] = ids
-        normalized, actions = self.decode_ids(token_ids, resolved)
-        return DecodedActions(token_ids.astype(np.int64), normalized, actions, logprobs.astype(np.float32))
-
-    @torch.inference_mode()
-    def _decode_chunks(
-        self,
-        prompt_ids: Sequence[list[int]],
-        pixel_values: Any,
-        proprio: torch.Tensor | None,
-        keys: Sequence[str | None],
-        action_dim: int,
-    ) -> DecodedActions:
-        """Parallel decoding: every action position of every row in one forward (the layout training used)."""
-        if action_dim != self.action_spec.action_dim:
-            raise PolicyInputError(
-                f"This policy predicts {self.action_spec.action_dim}-dim actions; the unnorm key asks for {action_dim}."
-            )
-        empty = np.zeros((self.chunk_size, action_dim), np.float32)
-        eos_id = self.tokenizer.eos_token_id
-        rows = [self.head.layout(list(ids), empty, eos_id) for ids in prompt_ids]
-        length = max(len(row["input_ids"]) for row in rows)
-        input_ids = torch.full((len(rows), length), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        action_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        for i, row in enumerate(rows):  # right padding, as the training collator pads
-            n = len(row["input_ids"])
-            input_ids[i, :n], attention_mask[i, :n], action_mask[i, :n] = (
-                row["input_ids"],
-                True,
-                row["action_mask"],
-            )
-        output = self.vlm(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            pixel_values=pixel_values,
-            proprio=proprio,
-            action_mask=action_mask.to(self.device),
-        )
-        normalized = output.actions.float().cpu().numpy().astype(np.float64)
-        actions = normalized.copy()
-        for row, key in enumerate(keys):
-            if key is not None:
-                actions[row] = unnormalize_actions(normalized[row], self.norm_stats[key]["action"])
-        batch = len(rows)
-        return DecodedActions(
-            np.zeros((batch, 0), np.int64),
-            normalized,
-            actions,
-            np.full((batch, self.chunk_size, action_dim), np.nan, np.float32),
-        )
+        predicted = self.head.predict(self.vlm, request)
+        actions = self.unnormalize(predicted.normalized, resolved)
+        return DecodedActions(predicted.token_ids, predicted.normalized, actions, predicted.logprobs)
 
     def predict_action_batch(
         self,
@@ -486,8 +402,6 @@ def load_policy(
     Raises:
         ConfigError: unknown path or id, unreadable checkpoint, unknown device or dtype.
     """
-    from prismatic.models.loading import load_vla
-
     device, dtype = resolve_device_dtype(device, dtype)
     loaded = load_vla(path_or_id, hf_token=hf_token, dtype=dtype)  # streamed into `dtype`: one copy in memory
     return VLAPolicy(loaded.vlm, loaded.norm_stats, loaded.source, device, dtype, constrained=constrained)

@@ -40,18 +40,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import json_numpy
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from prismatic.inference.policy import DEFAULT_ACTION_DIM, PolicyInputError
+from prismatic.inference.policy import DEFAULT_ACTION_DIM, PolicyInputError, VLAPolicy
 from prismatic.util.errors import ConfigError
-
-if TYPE_CHECKING:
-    from prismatic.inference.policy import VLAPolicy
 
 logger = logging.getLogger(__name__)
 

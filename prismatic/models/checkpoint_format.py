@@ -44,9 +44,7 @@ from prismatic.run_layout import (
 )
 from prismatic.util.errors import ConfigError
 
-if (
-    TYPE_CHECKING
-):  # torch is imported where tensors are read: the config layer uses this module before torch loads
+if TYPE_CHECKING:  # annotations only: torch loads where tensors are read
     import torch
 
 logger = logging.getLogger(__name__)
@@ -131,6 +129,7 @@ def read_sharded_model_weights(checkpoint: Path, dtype: torch.dtype | None = Non
     Every rank's shards are reassembled by DCP from the metadata; only "model.*" entries are read. Frozen weights
     that training kept in bf16 are returned in `dtype` (None: FP32).
     """
+    # lazy: the config layer reads checkpoint folders with this module before torch loads
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -165,7 +164,7 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
         ConfigError: `path` is missing, or not a checkpoint of this tool (random bytes, a truncated copy, a pickle
             of arbitrary objects, a file without `model`). The message never quotes torch's zip / pickle internals.
     """
-    import torch
+    import torch  # lazy: the config layer uses this module before torch loads
 
     path = Path(path)
     if not path.exists():
@@ -180,6 +179,7 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
             "train_state": read_train_state(path),
         }
     if path.suffix == ".safetensors":
+        # lazy: safetensors.torch imports torch, which the config layer must not load
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 

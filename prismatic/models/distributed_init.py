@@ -34,8 +34,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.tensor import DTensor
 
+from prismatic.models.loading import load
 from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.models.weights import retie, tied_aliases
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +56,6 @@ def has_meta_tensors(model: nn.Module) -> bool:
 
 
 def _is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
@@ -64,8 +66,6 @@ def load_on_rank0(
 
     Collective only in the sense that every rank must call it; it communicates nothing.
     """
-    from prismatic.models.loading import load
-
     rank, _ = _rank_and_world()
     return load(source, hf_token=hf_token, dtype=dtype, device=None if rank == 0 else "meta")
 
@@ -152,10 +152,6 @@ def materialize_from_rank0(
         RuntimeError (on every rank): the ranks' models differ, rank 0's is on meta, or a sharded model came
             without rank 0's full state.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    from prismatic.models.loading import retie, tied_aliases
-
     device = torch.device(device)
     rank, world = _rank_and_world()
     if world == 1:

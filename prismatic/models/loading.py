@@ -33,35 +33,48 @@ ranks other than 0 hold before `prismatic.models.distributed_init` fills their s
 Weights are read with `torch.load(weights_only=True)` or safetensors: never unpickling arbitrary objects, never
 remote code. A missing file, a missing / unexpected key or a shape mismatch is a `ConfigError` naming it, raised
 before any tensor data is read.
+
+This module picks the source and runs the load; its parts live beside it: `architecture` (what to build),
+`hub` (Hub snapshots), `hf_config` / `hf_shards` (HF OpenVLA folders), `weights` (tensors into the model).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from prismatic.models.action_heads import ActionSpec
-from prismatic.models.checkpoint_format import is_sharded_checkpoint, latest_checkpoint, load_checkpoint_file
-from prismatic.models.materialize import VLM_PARTS, VLMArchitecture
+from prismatic.models.architecture import run_action_spec, run_architecture
+from prismatic.models.checkpoint_format import (
+    is_sharded_checkpoint,
+    latest_checkpoint,
+    load_checkpoint_file,
+)
+from prismatic.models.hf_config import hf_architecture, is_hf_openvla_dir
+from prismatic.models.hf_openvla import from_hf_names
+from prismatic.models.hf_shards import hf_weight_shapes, iter_hf_shards
+from prismatic.models.hub import HUB_CONFIG_PATTERNS, HUB_PATTERNS, hub_snapshot, looks_like_hub_id
+from prismatic.models.lora import LoraSettings, apply_lora, lora_targets_in_state_dict, merge_lora
+from prismatic.models.materialize import (
+    VLM_PARTS,
+    VLMArchitecture,
+    build_vlm,
+    build_vlm_from_architecture,
+    cast_floating_parameters,
+)
 from prismatic.models.registry import BASE_VLMS, BaseVLMSpec, get_base_vlm_spec
 from prismatic.models.vlms.prismatic import PrismaticVLM
-from prismatic.run_layout import ACTION_MODEL_FILE, CHECKPOINTS_DIR, DATASET_STATISTICS_FILE, LEGACY_LATEST
+from prismatic.models.weights import assign_weights, renamed
+from prismatic.run_layout import CHECKPOINTS_DIR, DATASET_STATISTICS_FILE, HF_CONFIG_FILE, RUN_CONFIG_FILE
 from prismatic.util.errors import ConfigError
+from prismatic.vla.datasets.rlds.statistics import read_statistics_file
 
 logger = logging.getLogger(__name__)
 
-LATEST_CHECKPOINT = LEGACY_LATEST
-# What a Hub snapshot needs: configs, weights, tokenizer files, statistics (never code).
-_HUB_PATTERNS = ["*.json", "*.safetensors", "*.pt", "*.model", "tokenizer*", "checkpoints/*"]
-# What describing a Hub checkpoint needs (a run's base): configs and tokenizer, no weights.
-_HUB_CONFIG_PATTERNS = ["*.json", "*.model", "tokenizer*"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -130,19 +143,13 @@ def load_vla(
     if path.is_dir():
         return _load_folder(path, hf_token, target, on_meta=on_meta)
     if source in BASE_VLMS:
-        from prismatic.models.materialize import (
-            build_vlm,
-            build_vlm_from_architecture,
-            cast_floating_parameters,
-        )
-
         if on_meta:  # as `build_vlm` builds it, minus pretrained weights and random init
             vlm = build_vlm_from_architecture(VLMArchitecture(source, BASE_VLMS[source]), hf_token=hf_token)
         else:
             vlm = build_vlm(source, hf_token=hf_token)
         cast_floating_parameters(vlm, target)
         return LoadedVLA(_buffers_on_meta(vlm) if on_meta else vlm, None, source)
-    if path.is_file() and path.suffix == ".pt" and path.parent.name == "checkpoints":
+    if path.is_file() and path.suffix == ".pt" and path.parent.name == CHECKPOINTS_DIR:
         return _load_prismatic_run(
             path.parent.parent, hf_token, source, target, checkpoint=path, on_meta=on_meta
         )
@@ -151,10 +158,10 @@ def load_vla(
             f"'{source}' is a file; pass the run folder (holding config.json and checkpoints/), one of its "
             "checkpoints/*.pt, or an HF OpenVLA folder instead."
         )
-    if _looks_like_hub_id(source):
-        patterns = _HUB_CONFIG_PATTERNS if on_meta else _HUB_PATTERNS
+    if looks_like_hub_id(source):
+        patterns = HUB_CONFIG_PATTERNS if on_meta else HUB_PATTERNS
         return _load_folder(
-            _hub_snapshot(source, hf_token, patterns), hf_token, target, source=source, on_meta=on_meta
+            hub_snapshot(source, hf_token, patterns), hf_token, target, source=source, on_meta=on_meta
         )
     if "/" in source or source.startswith((".", "~")):
         raise ConfigError(
@@ -188,143 +195,22 @@ def _buffers_on_meta(vlm: PrismaticVLM) -> PrismaticVLM:
     return vlm
 
 
-def _looks_like_hub_id(source: str) -> bool:
-    parts = source.split("/")
-    return 2 <= len(parts) <= 3 and all(parts) and not source.startswith((".", "~"))
-
-
-def _hub_snapshot(source: str, hf_token: str | None, patterns: list[str] = _HUB_PATTERNS) -> Path:
-    """Download (or find in the local cache) a Hub repo, or one subfolder of it, and return the local folder.
-
-    Offline (`HF_HUB_OFFLINE=1` or no network), `snapshot_download` answers from the cache.
-    """
-    from huggingface_hub import snapshot_download
-
-    owner, name, *rest = source.split("/")
-    repo_id, subfolder = f"{owner}/{name}", "/".join(rest)
-    allow = [f"{subfolder}/{p}" for p in patterns] if subfolder else patterns
-    try:
-        root = snapshot_download(repo_id, token=hf_token, allow_patterns=allow)
-    except Exception as err:  # noqa: BLE001 (offline, gated, unknown repo: all the same user error)
-        raise ConfigError(
-            f"'{source}' is neither a local folder nor a base-VLM registry id, and the Hugging Face Hub repo "
-            f"'{repo_id}' could not be fetched or found in the local cache (offline? gated repos need "
-            f"hf_token). Cause: {err}"
-        ) from err
-    folder = Path(root) / subfolder if subfolder else Path(root)
-    if not folder.is_dir():
-        raise ConfigError(f"Hub repo '{repo_id}' has no folder '{subfolder}'.")
-    return folder
-
-
-def _is_hf(folder: Path) -> bool:
-    from prismatic.models.hf_openvla import is_hf_openvla_dir
-
-    return is_hf_openvla_dir(folder)
-
-
 def _is_run(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and (folder / "checkpoints").is_dir()
+    return (folder / RUN_CONFIG_FILE).is_file() and (folder / CHECKPOINTS_DIR).is_dir()
 
 
 def _load_folder(
     folder: Path, hf_token: str | None, dtype: torch.dtype, source: str | None = None, on_meta: bool = False
 ) -> LoadedVLA:
     source = source or str(folder)
-    if _is_hf(folder):
+    if is_hf_openvla_dir(folder):
         return _load_hf_openvla(folder, hf_token, source, dtype, on_meta=on_meta)
     # On meta a run folder's checkpoints are never opened, so a Hub snapshot of its config files is enough.
-    if _is_run(folder) or (on_meta and (folder / "config.json").is_file()):
+    if _is_run(folder) or (on_meta and (folder / RUN_CONFIG_FILE).is_file()):
         return _load_prismatic_run(folder, hf_token, source, dtype, on_meta=on_meta)
     raise ConfigError(
         f"'{folder}' is neither an HF OpenVLA folder (config.json with model_type 'openvla') nor a Prismatic run "
         "folder (config.json and checkpoints/ with step-* checkpoints or latest-checkpoint.pt)."
-    )
-
-
-# === Architecture: what to build, without weights =================================================================
-
-
-def architecture_of(source: str, hf_token: str | None = None) -> VLMArchitecture:
-    """The architecture of a registry id, a local HF / run folder, or a Hub id (config and tokenizer files only).
-
-    This is how a run's `vla.base_vlm` is resolved when its checkpoint is loaded or exported: offline, a Hub id
-    is answered from the local cache, and no weights are read or downloaded. `base` of the result is `source`
-    (except for registry ids, whose pretrained weights are the registry's).
-
-    Raises:
-        ConfigError: unknown id, a folder that is neither layout, or a Hub id neither cached nor reachable.
-    """
-    if source in BASE_VLMS:
-        return VLMArchitecture(source, BASE_VLMS[source])
-    path = Path(source).expanduser()
-    if path.is_dir():
-        folder, model_id = path, path.name
-    elif _looks_like_hub_id(source):
-        folder, model_id = _hub_snapshot(source, hf_token, _HUB_CONFIG_PATTERNS), source
-    else:
-        get_base_vlm_spec(source)  # the did-you-mean ConfigError for registry-id typos
-        raise AssertionError("unreachable")
-    if _is_hf(folder):
-        from prismatic.models.hf_openvla import hf_architecture
-
-        return dataclasses.replace(hf_architecture(folder, model_id), base=source)
-    if (folder / "config.json").is_file():
-        return dataclasses.replace(run_architecture(folder, hf_token), base=source)
-    raise ConfigError(
-        f"Base '{source}' is neither an HF OpenVLA folder nor a Prismatic run folder (no config.json in '{folder}')."
-    )
-
-
-def _model_block_spec(model: Mapping[str, Any], config_path: Path) -> BaseVLMSpec:
-    try:
-        return BaseVLMSpec(
-            model["vision_backbone_id"],
-            model["llm_backbone_id"],
-            model["arch_specifier"],
-            model["image_resize_strategy"],
-        )
-    except KeyError as err:
-        raise ConfigError(f"'{config_path}' model block lacks {err}.") from err
-
-
-def run_architecture(folder: Path, hf_token: str | None = None) -> VLMArchitecture:
-    """The architecture a run folder's checkpoint holds, from its `config.json`.
-
-    A run that started from a folder or Hub id (`vla.base_vlm` not a registry id) is that checkpoint's
-    architecture, LLM config and tokenizer included; else Prismatic's `model` block; else the registry's
-    `vla.base_vlm`. `base` says where the weights of parts the checkpoint lacks come from.
-
-    Raises:
-        ConfigError: the config names neither, or its base cannot be resolved.
-    """
-    config_path = folder / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"'{config_path}' is not valid JSON: {err}") from err
-    model = config.get("model") if isinstance(config, dict) else None
-    vla = config.get("vla") if isinstance(config, dict) else None
-    base_vlm = vla.get("base_vlm") if isinstance(vla, Mapping) else None
-    if isinstance(base_vlm, str) and base_vlm not in BASE_VLMS:
-        if Path(base_vlm).expanduser().resolve() == folder.resolve():
-            raise ConfigError(f"'{config_path}' names its own folder as vla.base_vlm.")
-        try:
-            return architecture_of(base_vlm, hf_token)
-        except ConfigError as err:
-            if not isinstance(model, Mapping):
-                raise ConfigError(
-                    f"'{config_path}' says the run started from '{base_vlm}', whose architecture cannot be read "
-                    f"(moved or not cached?): {err}"
-                ) from err
-            logger.warning("Base '%s' of %s unavailable (%s); using its 'model' block", base_vlm, folder, err)
-    if isinstance(model, Mapping):
-        return VLMArchitecture(model.get("model_id", folder.name), _model_block_spec(model, config_path))
-    if isinstance(base_vlm, str):
-        return VLMArchitecture(base_vlm, get_base_vlm_spec(base_vlm))
-    raise ConfigError(
-        f"'{config_path}' has neither a 'model' block (Prismatic) nor 'vla.base_vlm' (OpenVLA / this "
-        "tool): cannot tell which architecture its checkpoint holds."
     )
 
 
@@ -334,12 +220,9 @@ def run_architecture(folder: Path, hf_token: str | None = None) -> VLMArchitectu
 def _load_hf_openvla(
     folder: Path, hf_token: str | None, source: str, dtype: torch.dtype, on_meta: bool = False
 ) -> LoadedVLA:
-    from prismatic.models.hf_openvla import from_hf_names, hf_architecture, hf_weight_shapes, iter_hf_shards
-    from prismatic.models.materialize import build_vlm_from_architecture, cast_floating_parameters
-
     model_id = source if not Path(source).expanduser().is_dir() else folder.name
     arch = hf_architecture(folder, model_id)
-    raw = json.loads((folder / "config.json").read_text())
+    raw = json.loads((folder / HF_CONFIG_FILE).read_text())
     spec = run_action_spec(folder)
     if on_meta:  # not even the shard headers: rank 0 checks the weights fit
         vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
@@ -352,30 +235,20 @@ def _load_hf_openvla(
     shapes = {names[name]: shape for name, shape in hf_shapes.items()}
     vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
     vlm.attach_action_modules(spec)
-    assign_weights(vlm, shapes, _renamed(iter_hf_shards(folder), names), source=str(folder), dtype=dtype)
+    assign_weights(vlm, shapes, renamed(iter_hf_shards(folder), names), source=str(folder), dtype=dtype)
     logger.info("Loaded HF OpenVLA checkpoint %s (%s, %s)", folder, arch.spec, dtype)
     return LoadedVLA(vlm, raw.get("norm_stats"), source)
-
-
-def _renamed(
-    shards: Iterable[dict[str, torch.Tensor]], names: Mapping[str, str]
-) -> Iterator[dict[str, torch.Tensor]]:
-    """Each shard under our names; the HF-named dict is emptied so no reference outlives the consumer's."""
-    for shard in shards:
-        yield {names[k]: shard.pop(k) for k in list(shard)}
 
 
 def _base_vision_weights(
     base: str, hf_token: str | None, arch: VLMArchitecture
 ) -> dict[str, torch.Tensor] | None:
     """The vision-backbone weights of the model a run started from (flat names); None: the registry's pretrained."""
-    from prismatic.models.hf_openvla import from_hf_names, hf_weight_shapes, iter_hf_shards
-
     if base in BASE_VLMS:
         return None
     path = Path(base).expanduser()
-    folder = path if path.is_dir() else _hub_snapshot(base, hf_token)
-    if _is_hf(folder):
+    folder = path if path.is_dir() else hub_snapshot(base, hf_token)
+    if is_hf_openvla_dir(folder):
         names = from_hf_names(
             [n for n in hf_weight_shapes(folder) if n.startswith("vision_backbone.")], arch.vision_spec
         )
@@ -395,9 +268,6 @@ def _load_prismatic_run(
     checkpoint: Path | None = None,
     on_meta: bool = False,
 ) -> LoadedVLA:
-    from prismatic.models.lora import LoraSettings, apply_lora, lora_targets_in_state_dict, merge_lora
-    from prismatic.models.materialize import build_vlm_from_architecture, cast_floating_parameters
-
     arch = run_architecture(folder, hf_token)
     spec = run_action_spec(folder)
     if on_meta:  # a LoRA run's adapters are merged on load, so its architecture is the plain one
@@ -426,7 +296,7 @@ def _load_prismatic_run(
     vlm.attach_action_modules(spec)  # on the LLM's device: meta, filled from the checkpoint below
     lora_names, lora_rank = lora_targets_in_state_dict(flat)
     if lora_names:  # re-create the adapters the run trained, load, then fold them into plain weights
-        vla_cfg = json.loads((folder / "config.json").read_text()).get("vla", {})
+        vla_cfg = json.loads((folder / RUN_CONFIG_FILE).read_text()).get("vla", {})
         apply_lora(
             vlm, LoraSettings(rank=lora_rank, alpha=vla_cfg.get("lora_alpha")), target_names=lora_names
         )
@@ -448,138 +318,13 @@ def _load_prismatic_run(
     return LoadedVLA(vlm, _run_norm_stats(folder), source)
 
 
-def run_action_spec(folder: Path) -> ActionSpec:
-    """The action side a run (or export) folder's model was trained with: its `action_model.json`; OpenVLA's
-    tokens head when there is none (every run before action heads, and OpenVLA's own checkpoints)."""
-    path = folder / ACTION_MODEL_FILE
-    if not path.is_file():
-        return ActionSpec()
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"'{path}' cannot be read ({err}): the run folder is damaged.") from err
-    return ActionSpec.from_dict(values, where=str(path))
-
-
 def _run_norm_stats(folder: Path) -> dict[str, Any] | None:
     """A run folder's `dataset_statistics.json`, if it has one."""
     if not (folder / DATASET_STATISTICS_FILE).is_file():
         return None
-    from prismatic.vla.datasets.rlds.statistics import read_statistics_file
-
     return read_statistics_file(
         folder / DATASET_STATISTICS_FILE, "run's dataset_statistics.json", per_dataset=True
     )
-
-
-# === Weights into a model ===========================================================================================
-
-
-def _check_fit(
-    expected: Mapping[str, torch.Tensor],
-    shapes: Mapping[str, tuple[int, ...]],
-    *,
-    source: str,
-    allow_missing_prefixes: tuple[str, ...],
-) -> None:
-    missing = [k for k in expected if k not in shapes and not k.startswith(allow_missing_prefixes)]
-    unexpected = [k for k in shapes if k not in expected]
-    if missing or unexpected:
-        raise ConfigError(
-            f"Checkpoint '{source}' does not fit this architecture: "
-            + (f"missing key(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (
-                f"unexpected key(s) {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
-                if unexpected
-                else ""
-            )
-            + "."
-        )
-    for key, shape in shapes.items():
-        if tuple(shape) != tuple(expected[key].shape):
-            raise ConfigError(
-                f"Checkpoint '{source}': key '{key}' has shape {tuple(shape)} but the model expects "
-                f"{tuple(expected[key].shape)} (a different vocabulary / width / resolution?)."
-            )
-
-
-def _assign(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """Replace parameter / buffer `name` by `tensor` (what `load_state_dict(assign=True)` does for one key)."""
-    owner_name, _, attr = name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    if attr in owner._parameters:
-        owner._parameters[attr] = torch.nn.Parameter(
-            tensor, requires_grad=owner._parameters[attr].requires_grad
-        )
-    else:
-        owner._buffers[attr] = tensor
-
-
-def tied_aliases(module: torch.nn.Module) -> list[list[str]]:
-    """Groups of parameter names that are one tensor (tied embeddings), first name first."""
-    groups: dict[int, list[str]] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
-
-
-def retie(module: torch.nn.Module, groups: list[list[str]]) -> None:
-    """Point every alias at its group's first parameter again (assigning replaced each one separately)."""
-    for first, *aliases in groups:
-        param = module.get_parameter(first)
-        for alias in aliases:
-            owner, _, attr = alias.rpartition(".")
-            setattr(module.get_submodule(owner) if owner else module, attr, param)
-
-
-def assign_weights(
-    vlm: torch.nn.Module,
-    shapes: Mapping[str, tuple[int, ...]],
-    chunks: Iterable[dict[str, torch.Tensor]],
-    *,
-    source: str,
-    dtype: torch.dtype = torch.float32,
-    allow_missing_prefixes: tuple[str, ...] = (),
-) -> None:
-    """Put a checkpoint's tensors into `vlm`, one chunk (shard) at a time, as new tensors in `dtype`.
-
-    Every parameter the checkpoint fills may be on the meta device (see `materialize.parameters_on_meta`): each
-    tensor is popped from its chunk, converted and assigned (as `load_state_dict(assign=True)` would), so the model
-    never exists twice and a chunk's memory is released as it is consumed. Tied parameters are tied again afterwards; parameters not in the checkpoint (allowed by
-    `allow_missing_prefixes`) are cast to `dtype`.
-
-    Args:
-        vlm: the model; `requires_grad` flags are kept.
-        shapes: every name the chunks will hold and its shape (checked before anything is read).
-        chunks: flat state-dict pieces under `vlm`'s names; emptied as they are consumed.
-        source: for error messages.
-        dtype: floating-point tensors are converted to it; others keep theirs.
-        allow_missing_prefixes: names that may be absent (their current weights are kept).
-
-    Raises:
-        ConfigError: a missing / unexpected key or a shape mismatch (before any data is read).
-    """
-    from prismatic.models.materialize import cast_floating_parameters
-
-    expected = vlm.state_dict(keep_vars=True)
-    _check_fit(expected, shapes, source=source, allow_missing_prefixes=allow_missing_prefixes)
-    tied = tied_aliases(vlm)
-    for chunk in chunks:
-        for name in list(chunk):
-            # Popped, converted, assigned one tensor at a time: the chunk shrinks as the model fills.
-            # copy=True: a tensor memory-mapped from a file becomes the model's own (writable, file closable).
-            tensor = chunk.pop(name)
-            _assign(
-                vlm, name, tensor.to(dtype=dtype if tensor.is_floating_point() else tensor.dtype, copy=True)
-            )
-            del tensor
-        del chunk
-    retie(vlm, tied)
-    cast_floating_parameters(vlm, dtype)
-    left = [name for name, t in vlm.state_dict(keep_vars=True).items() if t.device.type == "meta"]
-    if left:
-        raise ConfigError(f"Checkpoint '{source}' left parameters unfilled: {left[:5]}.")
 
 
 def spec_of(vlm: PrismaticVLM) -> BaseVLMSpec:

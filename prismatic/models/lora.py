@@ -87,7 +87,7 @@ def apply_lora(
     Returns:
         The adapted module names.
     """
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import LoraConfig, inject_adapter_in_model  # lazy: peft takes ~2 s to import; LoRA runs only
 
     if settings.rank < 1 or not 0.0 <= settings.dropout < 1.0:
         raise ConfigError(f"LoRA rank={settings.rank} must be >= 1 and dropout={settings.dropout} in [0, 1).")
@@ -129,7 +129,7 @@ def apply_lora(
 
 
 def has_lora(module: nn.Module) -> bool:
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: peft takes ~2 s to import; LoRA runs only
 
     return any(isinstance(m, BaseTunerLayer) for m in module.modules())
 
@@ -139,7 +139,7 @@ def merge_lora(vlm: nn.Module) -> nn.Module:
 
     The result has the original module tree and state-dict keys, loadable by a model built without LoRA.
     """
-    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: peft takes ~2 s to import; LoRA runs only
 
     targets = [(name, m) for name, m in vlm.named_modules() if isinstance(m, BaseTunerLayer)]
     for name, layer in targets:

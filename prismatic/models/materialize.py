@@ -14,10 +14,10 @@ import logging
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from prismatic.models.backbones.llm.registry import build_llm_backbone, get_llm_backbone_spec
 from prismatic.models.backbones.vision.registry import (
@@ -29,9 +29,6 @@ from prismatic.models.backbones.vision.registry import (
 from prismatic.models.projectors import resolve_projector_arch
 from prismatic.models.registry import BaseVLMSpec, get_base_vlm_spec
 from prismatic.models.vlms.prismatic import PrismaticVLM
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +70,9 @@ def build_vlm(base_vlm_id: str, hf_token: str | None = None) -> PrismaticVLM:
         ConfigError: unknown id (or a registry entry naming unknown parts); pretrained weights unavailable.
         ValueError: a parameter came out in a dtype other than float32.
     """
-    return build_vlm_from_spec(base_vlm_id, get_base_vlm_spec(base_vlm_id), hf_token=hf_token)
+    return build_vlm_from_spec(
+        VLMArchitecture(base_vlm_id, get_base_vlm_spec(base_vlm_id)), hf_token=hf_token
+    )
 
 
 @contextlib.contextmanager
@@ -102,27 +101,21 @@ def _maybe_on_meta(on_meta: bool) -> contextlib.AbstractContextManager[None]:
 
 
 def build_vlm_from_spec(
-    model_id: str,
-    spec: BaseVLMSpec,
+    arch: VLMArchitecture,
     *,
     hf_token: str | None = None,
     pretrained_vision: bool | None = None,
     pretrained_llm: bool | None = None,
-    llm_config: PretrainedConfig | None = None,
-    tokenizer_dir: Path | None = None,
-    vision_spec: VisionBackboneSpec | None = None,
     on_meta: Collection[str] = (),
 ) -> PrismaticVLM:
-    """Build a VLM from a `BaseVLMSpec` in FP32; the loaders use it to get the shape a checkpoint fills.
+    """Build the VLM `arch` describes in FP32; the loaders use it to get the shape a checkpoint fills.
 
     Args:
-        model_id: the name the VLM carries (a registry id, or a checkpoint's own id).
-        spec: vision backbone, LLM, projector and resize strategy.
+        arch: the name, the `BaseVLMSpec` (vision backbone, LLM, projector, resize strategy) and the checkpoint's own
+            descriptions of its parts (LLM config, tokenizer folder, ViTs), built instead of the registry's.
         hf_token: Hugging Face token for gated repos.
         pretrained_vision / pretrained_llm: load pretrained weights (None: "if the part has any"); loaders pass
             False for parts whose weights come from the checkpoint.
-        llm_config / tokenizer_dir: the checkpoint's own LLM config and tokenizer (HF OpenVLA folders).
-        vision_spec: the checkpoint's own ViT description, built instead of the registry entry.
         on_meta: parts (of `VLM_PARTS`) whose parameters stay on the meta device, for a loader to assign; such a
             part loads no pretrained weights.
 
@@ -130,38 +123,39 @@ def build_vlm_from_spec(
         ConfigError: a part is not registered; pretrained weights unavailable.
         ValueError: a parameter came out in a dtype other than float32; an unknown part in `on_meta`.
     """
+    spec = arch.spec
     unknown = set(on_meta) - set(VLM_PARTS)
     if unknown:
         raise ValueError(f"on_meta names unknown parts {sorted(unknown)}; valid: {', '.join(VLM_PARTS)}.")
     # Validate every part before building anything: a typo should not cost a 7B model load.
-    if vision_spec is None:
+    if arch.vision_spec is None:
         get_vision_backbone_spec(spec.vision_backbone_id)
     get_llm_backbone_spec(spec.llm_backbone_id)
     resolve_projector_arch(spec.arch_specifier)
     check_resize_strategy(spec.image_resize_strategy)
 
-    logger.info("Building base VLM '%s' (%s)", model_id, spec)
+    logger.info("Building base VLM '%s' (%s)", arch.model_id, spec)
     with _maybe_on_meta("vision_backbone" in on_meta):
         vision_backbone = build_vision_backbone(
             spec.vision_backbone_id,
             spec.image_resize_strategy,
             pretrained=False if "vision_backbone" in on_meta else pretrained_vision,
-            spec=vision_spec,
+            spec=arch.vision_spec,
         )
     with _maybe_on_meta("llm_backbone" in on_meta):
         llm_backbone = build_llm_backbone(
             spec.llm_backbone_id,
             hf_token=hf_token,
             pretrained=False if "llm_backbone" in on_meta else pretrained_llm,
-            config=llm_config,
-            tokenizer_dir=tokenizer_dir,
+            config=arch.llm_config,
+            tokenizer_dir=arch.tokenizer_dir,
         )
     with _maybe_on_meta("projector" in on_meta):
-        vlm = PrismaticVLM(model_id, vision_backbone, llm_backbone, arch_specifier=spec.arch_specifier)
+        vlm = PrismaticVLM(arch.model_id, vision_backbone, llm_backbone, arch_specifier=spec.arch_specifier)
 
     not_fp32 = [f"{name} ({p.dtype})" for name, p in vlm.named_parameters() if p.dtype != torch.float32]
     if not_fp32:
-        raise ValueError(f"Base VLM '{model_id}' has non-FP32 parameters: {', '.join(not_fp32[:5])}.")
+        raise ValueError(f"Base VLM '{arch.model_id}' has non-FP32 parameters: {', '.join(not_fp32[:5])}.")
     return vlm
 
 
@@ -172,18 +166,10 @@ def build_vlm_from_architecture(
     pretrained_vision: bool | None = None,
     on_meta: Collection[str] = VLM_PARTS,
 ) -> PrismaticVLM:
-    """`build_vlm_from_spec` for a checkpoint's architecture; the LLM never loads Hub weights (the checkpoint
-    holds them), and by default every part is left on the meta device for the loader."""
+    """`build_vlm_from_spec` with the loaders' defaults: the LLM never loads Hub weights (the checkpoint holds
+    them), and every part is left on the meta device for the loader unless `on_meta` says otherwise."""
     return build_vlm_from_spec(
-        arch.model_id,
-        arch.spec,
-        hf_token=hf_token,
-        pretrained_vision=pretrained_vision,
-        pretrained_llm=False,
-        llm_config=arch.llm_config,
-        tokenizer_dir=arch.tokenizer_dir,
-        vision_spec=arch.vision_spec,
-        on_meta=on_meta,
+        arch, hf_token=hf_token, pretrained_vision=pretrained_vision, pretrained_llm=False, on_meta=on_meta
     )
 
 

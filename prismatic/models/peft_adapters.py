@@ -29,10 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import LoraConfig, PeftModel
+from safetensors.torch import load_file, save_file
 
-from prismatic.models.checkpoint_format import load_checkpoint_file, run_folder_of
+from prismatic.models.action_heads import ActionSpec
+from prismatic.models.checkpoint_format import (
+    latest_checkpoint,
+    load_checkpoint_file,
+    run_folder_of,
+)
+from prismatic.models.loading import LoadedVLA, load_vla
 from prismatic.models.lora import ADAPTER_NAME, lora_targets_in_state_dict
-from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE
+from prismatic.run_layout import ACTION_MODEL_FILE, DATASET_STATISTICS_FILE, RUN_CONFIG_FILE
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import normal_permissions, write_json_atomic
 
@@ -79,13 +87,8 @@ def export_adapter(checkpoint: Path, out_dir: Path) -> Path:
     Raises:
         ConfigError: the checkpoint has no LoRA adapters, or its run folder no config.json.
     """
-    from peft import LoraConfig
-    from safetensors.torch import save_file
-
-    from prismatic.models.checkpoint_format import latest_checkpoint
-
     checkpoint = Path(checkpoint)
-    run_dir = checkpoint if (checkpoint / "config.json").is_file() else run_folder_of(checkpoint)
+    run_dir = checkpoint if (checkpoint / RUN_CONFIG_FILE).is_file() else run_folder_of(checkpoint)
     path = latest_checkpoint(checkpoint) if checkpoint == run_dir else checkpoint
     weights = load_checkpoint_file(path)["model"]
     flat = {f"{module}.{k}": v for module, sd in weights.items() for k, v in sd.items()}
@@ -94,7 +97,7 @@ def export_adapter(checkpoint: Path, out_dir: Path) -> Path:
         raise ConfigError(
             f"Checkpoint '{path}' holds no LoRA adapters: --adapter_out needs a run trained with --vla.use_lora true."
         )
-    vla = json.loads((run_dir / "config.json").read_text()).get("vla", {})
+    vla = json.loads((run_dir / RUN_CONFIG_FILE).read_text()).get("vla", {})
     alpha = vla.get("lora_alpha") or float(min(rank, 16))
     base, adapters, action = _split(flat)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +147,7 @@ def read_sidecar(adapter_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_adapter(adapter_dir: Path, base: str | None = None, hf_token: str | None = None) -> Any:
+def load_adapter(adapter_dir: Path, base: str | None = None, hf_token: str | None = None) -> LoadedVLA:
     """The base VLM with the adapters loaded by peft and merged (a plain model), as `LoadedVLA`.
 
     Args:
@@ -155,12 +158,6 @@ def load_adapter(adapter_dir: Path, base: str | None = None, hf_token: str | Non
         ConfigError: not an adapter folder, or the base's weights are not the ones the adapters were trained on
             (naming the recorded base and the one given).
     """
-    from peft import PeftModel
-    from safetensors.torch import load_file
-
-    from prismatic.models.action_heads import ActionSpec
-    from prismatic.models.loading import LoadedVLA, load_vla
-
     adapter_dir = Path(adapter_dir)
     sidecar = read_sidecar(adapter_dir)
     recorded = sidecar.get("base_vlm")

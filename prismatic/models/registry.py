@@ -2,14 +2,59 @@
 
 A VLA fine-tunes one of these. The published ids are Prismatic's (`prismatic/conf/models.py` in
 TRI-ML/prismatic-vlms); OpenVLA starts from `prism-dinosiglip-224px+7b` (OpenVLA 7B) and `siglip-224px+7b`
-(OpenVLA v0.1). This module is plain data: importing it loads neither torch nor any model code.
+(OpenVLA v0.1). This module is plain data: importing it loads neither torch nor any model code. `SpecRegistry`
+is the dict the three model registries share (base VLMs here, vision and LLM backbones in `backbones/`): register
+and look up once, for all of them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 from prismatic.util.errors import ConfigError, lookup
+
+T = TypeVar("T")
+
+
+class SpecRegistry(dict[str, T]):
+    """id -> spec for one kind of model part: base VLMs here, vision and LLM backbones in `backbones/`.
+
+    A plain dict otherwise (iterate it, index it); `register` refuses a taken id unless `replace=True` (two
+    plugins picking one name must not silently replace each other), and `get_spec` answers an unknown id with a
+    did-you-mean `ConfigError`.
+    """
+
+    def __init__(self, what: str, entries: Mapping[str, T]) -> None:
+        super().__init__(entries)
+        self.what = what  # the noun error messages use, e.g. "LLM backbone"
+
+    def register(self, key: str, spec: T, *, replace: bool = False) -> None:
+        """Add `key` -> `spec`.
+
+        Raises:
+            ConfigError: `key` is already registered (pass `replace=True` to override it on purpose).
+        """
+        if key in self and not replace:
+            raise ConfigError(
+                f"{self.what[:1].upper()}{self.what[1:]} '{key}' is already registered; pick another id."
+            )
+        self[key] = spec
+
+    def get_spec(self, key: str) -> T:
+        """The spec registered as `key`.
+
+        Raises:
+            ConfigError: unknown `key`, with the closest registered ids.
+        """
+        return lookup(self, key, self.what)
 
 
 @dataclass(frozen=True)
@@ -23,7 +68,7 @@ class BaseVLMSpec:
 
 
 # fmt: off
-BASE_VLMS: dict[str, BaseVLMSpec] = {
+BASE_VLMS: SpecRegistry[BaseVLMSpec] = SpecRegistry("base VLM", {
     # === Tiny (random init, CPU tests and smoke runs) ===
     "tiny-vit+tiny-llama": BaseVLMSpec("tiny-vit-64px", "tiny-llama", "gelu-mlp", "resize-naive"),
     "tiny-dinosiglip+tiny-llama": BaseVLMSpec("tiny-dinosiglip-64px", "tiny-llama", "fused-gelu-mlp", "resize-naive"),
@@ -83,24 +128,13 @@ BASE_VLMS: dict[str, BaseVLMSpec] = {
     "prism-qwen25-dinosiglip-224px+0_5b": BaseVLMSpec(
         "dinosiglip-vit-so-224px", "qwen25-0_5b-pure", "no-align+fused-gelu-mlp", "resize-naive"
     ),
-}
+})
 # fmt: on
 
 
-def register_base_vlm(base_vlm_id: str, spec: BaseVLMSpec, *, replace: bool = False) -> None:
-    """Add a base VLM (a vision backbone + LLM + projector combination) to the registry.
-
-    Raises:
-        ConfigError: the id is already registered (pass `replace=True` to override it on purpose).
-    """
-    if base_vlm_id in BASE_VLMS and not replace:
-        raise ConfigError(f"Base VLM '{base_vlm_id}' is already registered; pick another id.")
-    BASE_VLMS[base_vlm_id] = spec
-
-
-def get_base_vlm_spec(base_vlm_id: str) -> BaseVLMSpec:
-    """Look up a base-VLM id, raising a did-you-mean `ConfigError` when unknown."""
-    return lookup(BASE_VLMS, base_vlm_id, "base VLM")
+# The public paths for new base VLMs (docs/adding_a_model.md); an unknown id gets a did-you-mean ConfigError.
+register_base_vlm = BASE_VLMS.register
+get_base_vlm_spec = BASE_VLMS.get_spec
 
 
 PLUGINS_ENV = "PRISMATIC_PLUGINS"
@@ -117,10 +151,6 @@ def import_plugins(argv: list[str]) -> list[str]:
     Raises:
         ConfigError: a named module cannot be imported.
     """
-    import importlib
-    import importlib.util
-    import os
-
     names = [n for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
     rest: list[str] = []
     i = 0
@@ -135,8 +165,6 @@ def import_plugins(argv: list[str]) -> list[str]:
         else:
             rest.append(arg)
         i += 1
-    from pathlib import Path
-
     names = [n.strip() for n in names if n.strip()]
     for name in names:  # a missing file or package is refused in a second, before TensorFlow loads
         if name.endswith(".py"):
@@ -149,7 +177,8 @@ def import_plugins(argv: list[str]) -> list[str]:
             raise _not_importable(name, f"No module named '{name.split('.')[0]}'")
     if names:
         # A plugin may import TensorFlow (a dataset's standardisation function): load torch, torchvision and
-        # TensorFlow in the one order that does not crash the process first (`prismatic/util/tf.py`).
+        # TensorFlow in the one order that does not crash the process first (`prismatic/util/tf.py`). Lazy: only
+        # runs that name a plugin need that loader.
         from prismatic.util.tf import import_tensorflow
 
         import_tensorflow()
@@ -175,11 +204,6 @@ def _not_importable(name: str, reason: str) -> ConfigError:
 def _import_plugin_file(path_text: str) -> None:
     """Import a plugin given as a file path (`--plugins my_robot.py`), once per process, under a module name
     derived from its resolved path (two files with the same name in different folders do not collide)."""
-    import hashlib
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
         raise ConfigError(

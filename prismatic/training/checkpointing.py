@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from prismatic.conf.data import DataOptions
+from prismatic.conf.train import TrainConfig
 from prismatic.models.checkpoint_format import (
     FORMAT_VERSION,
     MODULE_KEYS,
@@ -56,11 +56,14 @@ from prismatic.models.checkpoint_format import (
 )
 from prismatic.run_layout import (
     CHECKPOINTS_DIR,
+    DATA_SNAPSHOT_DIR,
     LATEST_POINTER,
     TMP_PREFIX,
     TRAIN_STATE_FILE,
     checkpoint_dir_name,
 )
+from prismatic.training.run_folder import Resume, RunFolder, run_identity, start_counters
+from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import atomic_write, make_dirs, write_json_atomic, write_text_atomic
 
@@ -70,7 +73,6 @@ __all__ = [
     "CheckpointManager",
     "MODULE_KEYS",
     "atomic_torch_save",
-    "check_resume_compatible",
     "flatten_modules",
     "group_by_module",
     "load_checkpoint_file",
@@ -79,22 +81,6 @@ __all__ = [
     "restore_from_file",
     "saved_train_state",
 ]
-
-# The run's identity: resuming with another value continues a different experiment under the same name.
-IDENTITY_KEYS = {
-    "vla_id": "--vla.type",
-    "seed": "--seed",
-    "data_mix": "--vla.data_mix",
-    "base_vlm": "--vla.base_vlm",
-    # The action side decides the model's modules and the frames' layout.
-    "action_head": "--vla.action_head",
-    "chunk_size": "--vla.chunk_size",
-    "use_proprio": "--vla.use_proprio",
-    "num_images": "--vla.num_images",
-    # The data options decide the statistics and the frames (prismatic/conf/data.py).
-    **{f"data.{name}": f"--data.{name}" for name in DataOptions().to_dict()},
-}
-
 
 # === Stateful entries ==============================================================================================
 
@@ -333,49 +319,114 @@ class CheckpointManager:
         return True
 
 
+class DataStream(Protocol):
+    """What the checkpointer needs of a rank's data stream (`RLDSDataset`): save and restore its position."""
+
+    def save_stream_state(self, directory: Path) -> None: ...
+
+    def resume_from(self, frames: int, directory: Path | None) -> str: ...
+
+
+class Checkpointer:
+    """The one owner of everything a run's checkpoint holds: the DCP `Stateful`s (model, optimizer, LR schedule,
+    counters; the manager adds RNG states), each rank's data-stream position, and the run's facts in
+    `train_state.json` (counters, identity, world and batch sizes). The loop calls `save`; a resume calls
+    `restore`. Saving and restoring are collective: call them on every rank."""
+
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        state: dict[str, Any],
+        counters: dict[str, int],
+        facts: dict[str, Any],
+        data: DataStream,
+        snapshot_data: bool = True,
+    ) -> None:
+        self.manager, self.state, self.counters, self.facts = manager, state, counters, facts
+        self.data, self.snapshot_data = data, snapshot_data
+
+    @property
+    def last_saved(self) -> Path | None:
+        return self.manager.last_saved
+
+    def should_save(self, step: int, is_last_step: bool) -> bool:
+        return self.manager.should_save(step, is_last_step)
+
+    def poll(self) -> None:
+        self.manager.poll()
+
+    def wait(self) -> None:
+        self.manager.wait()
+
+    def save(self, blocking: bool) -> Path:
+        """A checkpoint of the current counters (`blocking`: wait for it even when saving asynchronously)."""
+        data = self.data
+        snapshot = (
+            (lambda folder: data.save_stream_state(folder / DATA_SNAPSHOT_DIR))
+            if self.snapshot_data
+            else None
+        )
+        return self.manager.save(self.state, {**self.counters, **self.facts}, snapshot, blocking=blocking)
+
+    def restore(
+        self, resume: Resume | None, pretrained_checkpoint: Path | None, model: torch.nn.Module
+    ) -> None:
+        """Continue `resume` (the data stream at this rank's share of its frames, then model, optimizer, schedule,
+        counters and, on the same world size, RNG states), or load `pretrained_checkpoint`'s weights only
+        (`--is_resume false`), or nothing for a new run."""
+        if resume is None:
+            if pretrained_checkpoint is not None:
+                load_full_model_weights(
+                    model, load_checkpoint_file(pretrained_checkpoint), pretrained_checkpoint
+                )
+            return
+        how = self.data.resume_from(resume.rank_frames, resume.data_snapshot)
+        logger.info(
+            "Data stream of rank %d restored at frame %d (%s)", self.manager.rank, resume.rank_frames, how
+        )
+        path = resume.point.path
+        if resume.point.sharded:
+            rng = self.manager.load(path, self.state, same_world_size=resume.same_world_size)
+            logger.info(
+                "Restored model, optimizer, schedule%s from %s", " and RNG states" if rng else "", path
+            )
+        else:
+            optimizer, lr_scheduler = self.state["optimizer"].optimizer, self.state["lr_scheduler"]
+            restore_from_file(model, optimizer, lr_scheduler, load_checkpoint_file(path), path)
+
+
+def build_checkpointer(
+    cfg: TrainConfig,
+    run: RunFolder,
+    strategy: TrainingStrategy,
+    data: DataStream,
+    resume: Resume | None,
+) -> Checkpointer:
+    """The run's checkpointer: its manager (cadence, keep-K, async; `.tmp-*` leftovers of a crash removed), the
+    strategy's model / optimizer / schedule, the loop's counters where `resume` says the run is, and the facts of
+    `train_state.json`. Call on every rank."""
+    counters = start_counters(resume)
+    manager = CheckpointManager(
+        run.path,
+        save_interval=cfg.save_interval,
+        keep_last=cfg.checkpoint.keep_last,
+        async_save=cfg.checkpoint.async_save,
+        rank=strategy.dist.rank,
+    )
+    manager.remove_leftovers()
+    facts = {
+        **run_identity(cfg),
+        "world_size": strategy.dist.world_size,
+        "global_batch_size": cfg.vla.global_batch_size,
+        "per_device_batch_size": cfg.vla.per_device_batch_size,
+    }
+    state = training_state(strategy.model, strategy.optimizer, strategy.lr_scheduler, counters)
+    return Checkpointer(manager, state, counters, facts, data, cfg.checkpoint.data_snapshot)
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-# === Resume checks =================================================================================================
-
-
-def check_resume_compatible(
-    saved: Mapping[str, Any], current: Mapping[str, Any], *, path: Path, allow_config_change: bool
-) -> list[str]:
-    """Refuse to resume a run as a different experiment: another vla type, seed, data mixture or base model.
-
-    Either would silently continue the old run's name, logs and W&B run with another recipe, data or model. Keys
-    missing from an older checkpoint's train state are not checked.
-
-    Returns:
-        the differences found (logged as a warning) when `allow_config_change` is set; [] when there are none.
-    Raises:
-        ConfigError: naming each difference and the flags that continue the run as it was.
-    """
-    differences, fixes = [], []
-    for key, flag in IDENTITY_KEYS.items():
-        if key in saved and key in current and saved[key] != current[key]:
-            differences.append(f"{flag} {current[key]} (the checkpoint's run used {saved[key]})")
-            fixes.append(f"{flag} {saved[key]}")
-    if not differences:
-        return []
-    if allow_config_change:
-        logger.warning(
-            "Resuming from %s with %s, as --allow_config_change asks: the continued run is not the run that was "
-            "checkpointed.",
-            path,
-            " and ".join(differences),
-        )
-        return differences
-    raise ConfigError(
-        f"Refusing to resume from '{path}' with {' and '.join(differences)}: the run would continue under the same "
-        "name, logs and W&B run as a different experiment (another recipe, data or model). Pass "
-        f"{' '.join(fixes)} to continue it as it was, start a new run from its weights with --pretrained_checkpoint "
-        f"{path} --is_resume false and another --run_id, or pass --allow_config_change true to resume with the new "
-        "values anyway."
-    )
 
 
 # === Single-file (format 1) checkpoints ===========================================================================

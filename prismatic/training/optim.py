@@ -7,6 +7,7 @@ import math
 import torch
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from prismatic.util.errors import ConfigError
 
@@ -32,8 +33,6 @@ def build_lr_scheduler(
     Stepped once per optimiser step; its state (`last_epoch`) is checkpointed, so a resumed run continues the
     curve exactly.
     """
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
     num_warmup = math.floor(warmup_ratio * num_training_steps)
     if scheduler_type == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=num_warmup)

@@ -14,16 +14,37 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
 from prismatic.models.action_heads import ActionHead
-from prismatic.training.checkpointing import CheckpointManager
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.preemption import Preempted, PreemptionHandler
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.training.trackers import Tracker
+
+
+class Checkpoints(Protocol):
+    """What the loop asks of the checkpointer (`checkpointing.Checkpointer`): it decides when, and saves."""
+
+    def should_save(self, step: int, is_last_step: bool) -> bool: ...
+
+    def save(self, blocking: bool) -> Path: ...
+
+    def poll(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+
+@dataclass
+class LoopHooks:
+    """What the loop calls out to besides the model: trackers, evaluation, checkpoints and the signal handler."""
+
+    trackers: list[Tracker]
+    checkpoints: Checkpoints
+    preemption: PreemptionHandler
+    validate: Callable[[], dict[str, float]] | None = None
 
 
 @dataclass
@@ -41,19 +62,16 @@ def train_loop(
     head: ActionHead,
     batches: Iterator[dict[str, Any]],
     metrics: StepMetrics,
-    trackers: list[Tracker],
     plan: LoopPlan,
     counters: dict[str, int],
-    checkpoints: CheckpointManager,
-    save: Callable[[bool], Path],
-    validate: Callable[[], dict[str, float]] | None,
-    preemption: PreemptionHandler,
+    hooks: LoopHooks,
 ) -> dict[str, float]:
     """Train from `plan.start_step` to `plan.num_training_steps`; returns the last step's metrics.
 
-    `save(blocking)` writes a checkpoint of the current `counters`. Raises `Preempted` after saving when a rank
-    received SIGTERM / SIGINT.
+    `hooks.checkpoints.save(blocking)` writes a checkpoint of the current `counters`. Raises `Preempted` after
+    saving when a rank received SIGTERM / SIGINT.
     """
+    checkpoints, validate, preemption = hooks.checkpoints, hooks.validate, hooks.preemption
     model, optimizer, scheduler = strategy.model, strategy.optimizer, strategy.lr_scheduler
     n_micro = strategy.grad_accumulation_steps
     last: dict[str, float] = {}
@@ -96,7 +114,7 @@ def train_loop(
         is_last = step == plan.num_training_steps
         if validate is not None and (step % plan.eval_interval == 0 or is_last):
             last.update(validate())
-        for tracker in trackers:
+        for tracker in hooks.trackers:
             tracker.log(step, last)
         bar.set_postfix(
             loss=f"{last['loss']:.4f}",
@@ -106,7 +124,7 @@ def train_loop(
 
         signum = preemption.requested()
         if signum or checkpoints.should_save(step, is_last):
-            save(bool(signum) or is_last)
+            checkpoints.save(bool(signum) or is_last)
         checkpoints.poll()
         if signum:
             bar.close()

@@ -3,8 +3,8 @@
 `Validator` is built once; `Validator.run(model)` is collective (call it on every rank, at the same step). Each
 dataset of the mixture is evaluated on its own (a one-dataset stream of its held-out split), so a dataset with a
 tiny sampling weight is measured as well as a large one. The split is the pipeline's: `val` where the dataset has
-one, else the last 5% of `train` (`rlds/dataset.py:_split_name`); actions are normalised with the train
-statistics, as in training.
+one, else the last 5% of `train` (`rlds/discovery.py:split_name`); actions are normalised with the train
+statistics, as in training. The held-out streams are the training `StreamSpec` with `dataclasses.replace`d fields.
 
 Metrics are the action head's (`prismatic/models/action_heads.py`): each head returns per-sample sums and names
 the ratios reported, so train and val curves compare. Every sum is over the frames evaluated on all ranks;
@@ -28,19 +28,27 @@ evaluated every time, so val curves are comparable across steps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
-from prismatic.conf.data import DataOptions
+from prismatic.conf.train import TrainConfig
 from prismatic.models.action_heads import ActionHead
 from prismatic.util.errors import ConfigError
+from prismatic.vla.datasets.datasets import RLDSDataset
+from prismatic.vla.datasets.rlds.discovery import load_builder, resolve_mixture_dirs, split_name
+from prismatic.vla.datasets.stream_spec import StreamSpec
+
+if TYPE_CHECKING:
+    from prismatic.training.strategies.base import TrainingStrategy
+    from prismatic.vla.datasets.builders import TrainData
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +58,7 @@ class _HeldOut:
     """One dataset's held-out stream for this rank; `counted` False: run the forward passes, count nothing."""
 
     name: str
-    dataset: Any  # RLDSDataset (imported lazily: it pulls in TensorFlow)
+    dataset: RLDSDataset
     counted: bool
 
 
@@ -58,18 +66,16 @@ class Validator:
     """Held-out loss / action accuracy / L1, per dataset and overall; `run` is collective (see module docstring).
 
     Args:
-        data_root_dir, data_mix: as for training; every dataset of the mixture present there is evaluated.
+        spec: the training stream's spec: every dataset of its mixture present under its `data_root_dir` is
+            evaluated, on frames that look like training frames (resolution, chunk window, camera views, data
+            options); held-out streams are this spec with the held-out split, unshuffled, unaugmented, starting
+            at frame 0.
         batch_transform: frame -> model inputs (`RLDSBatchTransform`), the training one.
-        resize_resolution: (height, width) of the images, as for training.
         collator: list of transformed frames -> batch (`PaddedCollatorForActionPrediction`).
+        head: the action head training uses (its forward, sums and ratios).
         per_device_batch_size: frames per forward pass.
         num_batches: forward passes per rank per dataset, every run (the same on every rank).
-        head: the action head training uses (its forward, sums and ratios).
-        rank, world_size, seed: this rank's place; the held-out frames are a deterministic function of them.
         device: where the batches, the metric sums and the final all-reduce live.
-        skip_missing_datasets: as for training (a dataset missing under `data_root_dir` is not evaluated).
-        options, stream_kwargs: the training stream's data options and its other `RLDSDataset` keywords (chunk
-            window, camera views), so held-out frames look like training frames.
 
     Raises:
         ValueError: `per_device_batch_size` or `num_batches` below 1.
@@ -78,39 +84,31 @@ class Validator:
 
     def __init__(
         self,
-        data_root_dir: Path,
-        data_mix: str,
+        spec: StreamSpec,
         batch_transform: Callable[[dict[str, Any]], dict[str, Any]],
-        resize_resolution: tuple[int, int],
         collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
+        head: ActionHead,
         *,
         per_device_batch_size: int,
         num_batches: int,
-        head: ActionHead,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 7,
         device: torch.device | str = "cpu",
-        skip_missing_datasets: bool = False,
-        options: DataOptions | None = None,
-        stream_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be >= 1, got {per_device_batch_size}.")
         if num_batches < 1:
             raise ValueError(f"num_batches must be >= 1, got {num_batches}.")
-        from prismatic.vla.datasets.datasets import RLDSDataset
-        from prismatic.vla.datasets.rlds.dataset import _split_name, load_builder, resolve_mixture_dirs
-
         self.collator, self.batch_size, self.num_batches = collator, per_device_batch_size, num_batches
         self.head, self.device = head, torch.device(device)
+        rank, world_size = spec.rank, spec.world_size
         self.world_size = world_size
 
         self.held_out: list[_HeldOut] = []
-        members = resolve_mixture_dirs(data_root_dir, data_mix, skip_missing_datasets=skip_missing_datasets)
+        members = resolve_mixture_dirs(
+            spec.data_root_dir, spec.data_mix, skip_missing_datasets=spec.skip_missing_datasets
+        )
         for config, _, dataset_dir in members:
             builder = load_builder(dataset_dir)
-            split = _split_name(builder, train=False)
+            split = split_name(builder, train=False)
             num_trajectories = int(builder.info.splits[split].num_examples)
             if num_trajectories == 0:
                 logger.warning(
@@ -120,22 +118,24 @@ class Validator:
             # A split with fewer trajectories than ranks cannot be sharded: every rank reads all of it and only
             # rank 0's frames count (the others still run their forward passes, which FSDP needs).
             shared = num_trajectories < world_size
-            dataset = RLDSDataset(
-                data_root_dir,
-                config.name,  # a registered dataset is a one-dataset mixture
-                batch_transform,
-                resize_resolution,
+            held_out_spec = dataclasses.replace(
+                spec,
+                data_mix=config.name,  # a registered dataset is a one-dataset mixture
                 shuffle_buffer_size=0,  # unused: held-out streams are not shuffled
                 train=False,
-                seed=seed,
+                image_aug=False,
+                keep_raw_action=False,
                 rank=0 if shared else rank,
                 world_size=1 if shared else world_size,
-                options=options,
-                **(stream_kwargs or {}),
+                start_sample=0,
+                skip_missing_datasets=False,
+                shuffle_buffer_ram_gb=None,
+                recompute_stats=False,
             )
+            dataset = RLDSDataset(held_out_spec, batch_transform)
             self.held_out.append(_HeldOut(config.name, dataset, counted=rank == 0 or not shared))
         if not self.held_out:
-            raise ConfigError(f"No dataset of mixture '{data_mix}' has held-out frames to evaluate.")
+            raise ConfigError(f"No dataset of mixture '{spec.data_mix}' has held-out frames to evaluate.")
         self.dataset_names = [h.name for h in self.held_out]
         logger.info(
             "Validation: %d batches of %d held-out frames per rank on each of %s.",
@@ -185,6 +185,26 @@ class Validator:
         return _metrics(self.dataset_names, self.head, sums.cpu())
 
 
+def build_validation(
+    cfg: TrainConfig, data: TrainData, head: ActionHead, strategy: TrainingStrategy
+) -> Callable[[], dict[str, float]] | None:
+    """`validate()` -> the held-out metrics of the model `strategy` trains (collective), or None without
+    `--eval.interval`. Held-out frames look like the training stream's (`data.spec`) and go through its transform
+    and collator."""
+    if cfg.eval.interval is None:
+        return None
+    validator = Validator(
+        data.spec,
+        data.batch_transform,
+        data.collator,
+        head,
+        per_device_batch_size=cfg.vla.per_device_batch_size,
+        num_batches=cfg.eval.num_batches,
+        device=strategy.dist.device,
+    )
+    return lambda: validator.run(strategy.model, autocast=strategy.autocast)
+
+
 def _cycle(held_out: _HeldOut) -> Iterator[dict[str, Any]]:
     """This rank's held-out frames, forever: the (deterministic) pass restarts from its first frame when it ends."""
     while True:
@@ -213,8 +233,6 @@ def _to_device(value: torch.Tensor | dict[str, torch.Tensor], device: torch.devi
 
 def _reshard(model: torch.nn.Module) -> None:
     """Free FSDP2 parameters left gathered: with `reshard_after_forward=False` only a backward would free them."""
-    from torch.distributed.fsdp import FSDPModule
-
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()

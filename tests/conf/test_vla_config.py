@@ -9,6 +9,7 @@ import pytest
 
 from prismatic.conf.train import TrainConfig
 from prismatic.conf.vla import TRAIN_STRATEGIES, VLAConfig, get_vla_config, register_vla, registered_vla_ids
+from prismatic.training.run_folder import resume_point
 from prismatic.util.errors import ConfigError
 
 
@@ -107,15 +108,15 @@ def test_resume_point_validates_file_name(tmp_path: Path):
     ckpt.write_bytes(b"x")
     cfg = TrainConfig(vla=VLAConfig.get_choice_class("tiny+mx-toy")(), pretrained_checkpoint=ckpt)
     cfg.resume_step, cfg.resume_epoch = 10, 1
-    point = cfg.resume_point()
+    point = resume_point(cfg)
     assert (point.path, point.step, point.epoch, point.sharded) == (ckpt, 10, 1, False)
     assert cfg.resolve_run_id(num_nodes=1) == tmp_path.name
     assert cfg.resolve_run_dir(num_nodes=1) == tmp_path.resolve()
     cfg.resume_step = 11
     with pytest.raises(ConfigError, match="--resume_step 11.*step 10"):
-        cfg.resume_point()
+        resume_point(cfg)
     cfg.is_resume = False
-    assert cfg.resume_point() is None
+    assert resume_point(cfg) is None
 
 
 def test_resume_flag_finds_the_newest_complete_checkpoint_folder(tmp_path: Path):
@@ -124,20 +125,20 @@ def test_resume_flag_finds_the_newest_complete_checkpoint_folder(tmp_path: Path)
     with pytest.raises(
         ConfigError, match="--resume found no complete checkpoint of run 'r'.*without --resume"
     ):
-        cfg.resume_point(run_dir)
+        resume_point(cfg, run_dir)
     for step, complete in ((20, True), (40, True), (60, False)):
         folder = run_dir / "checkpoints" / f"step-{step:06d}-epoch-01"
         folder.mkdir(parents=True)
         if complete:
             (folder / ".metadata").write_bytes(b"")
             (folder / "train_state.json").write_text(f'{{"step": {step}, "epoch": 1}}')
-    point = cfg.resume_point(run_dir)
+    point = resume_point(cfg, run_dir)
     assert (point.path.name, point.step, point.epoch, point.sharded) == ("step-000040-epoch-01", 40, 1, True)
     cfg.resume_step = 20
     with pytest.raises(ConfigError, match="do not match checkpoint 'step-000040-epoch-01'"):
-        cfg.resume_point(run_dir)
+        resume_point(cfg, run_dir)
     with pytest.raises(ConfigError, match="not a complete checkpoint folder"):
-        TrainConfig(resume=str(run_dir / "checkpoints" / "step-000060-epoch-01")).resume_point()
+        resume_point(TrainConfig(resume=str(run_dir / "checkpoints" / "step-000060-epoch-01")))
     with pytest.raises(ConfigError, match="both name what to start from"):
         TrainConfig(resume="latest", pretrained_checkpoint=tmp_path)
 

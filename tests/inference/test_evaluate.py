@@ -15,6 +15,7 @@ import pytest
 
 from prismatic.inference.evaluation import EvalMetrics
 from prismatic.util.errors import ConfigError
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 REPO = Path(__file__).resolve().parents[2]
 EVALUATE = str(REPO / "vla_scripts" / "evaluate.py")
@@ -90,9 +91,11 @@ def test_pipeline_keeps_raw_actions_only_when_asked(toy_data_root: Path) -> None
     from prismatic.vla.datasets.rlds.toy import NUM_EPISODES, generate_toy_episode
 
     kwargs = {"resize_resolution": (16, 16), "shuffle_buffer_size": 1, "train": False}
-    plain = next(make_interleaved_dataset(toy_data_root, "toy", **kwargs).dataset.as_numpy_iterator())
+    plain = next(
+        make_interleaved_dataset(StreamSpec(toy_data_root, "toy", **kwargs)).dataset.as_numpy_iterator()
+    )
     assert "raw_action" not in plain
-    pipeline = make_interleaved_dataset(toy_data_root, "toy", keep_raw_action=True, **kwargs)
+    pipeline = make_interleaved_dataset(StreamSpec(toy_data_root, "toy", keep_raw_action=True, **kwargs))
     frames = [f for f in pipeline.dataset.as_numpy_iterator() if f["dataset_name"] == b"toy_pick_place"]
     # toy_pick_place stores its actions already standardised: the raw actions are exactly what the builder wrote.
     written = {

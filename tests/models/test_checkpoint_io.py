@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from prismatic.models import BASE_VLMS, build_vlm, load, load_vla
-from prismatic.models.hf_openvla import INDEX_FILE, export_hf_openvla, read_hf_state_dict
+from prismatic.models.hf_openvla import export_hf_openvla
+from prismatic.models.hf_shards import INDEX_FILE, read_hf_state_dict
 from prismatic.util.errors import ConfigError
 
 NORM_STATS = {

@@ -26,7 +26,7 @@ import torch
 from openvla_tables import OPENVLA_LLM_TABLE, OPENVLA_VISION_TABLE
 
 from prismatic.models import LLM_BACKBONES, VISION_BACKBONES, build_vlm
-from prismatic.models.hf_openvla import hf_config_dict
+from prismatic.models.hf_config import hf_config_dict
 from prismatic.models.registry import BaseVLMSpec
 
 REPO = Path(__file__).resolve().parents[2]

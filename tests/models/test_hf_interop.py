@@ -27,7 +27,8 @@ import torch
 from openvla_tables import OPENVLA_VISION_TABLE
 
 from prismatic.models import LLM_BACKBONES, build_vlm, load_vla
-from prismatic.models.hf_openvla import export_hf_openvla, read_hf_state_dict
+from prismatic.models.hf_openvla import export_hf_openvla
+from prismatic.models.hf_shards import read_hf_state_dict
 from prismatic.models.loading import spec_of
 from prismatic.util.errors import ConfigError
 
@@ -129,7 +130,7 @@ def test_bad_timm_fields_fail_before_anything_is_built(changes, message, tmp_pat
 @pytest.mark.parametrize("vision_id", sorted(OPENVLA_VISION_TABLE))
 def test_openvla_configs_resolve_to_our_registered_backbones(vision_id: str, tmp_path: Path) -> None:
     from prismatic.models import VISION_BACKBONES
-    from prismatic.models.hf_openvla import hf_vision_spec
+    from prismatic.models.hf_config import hf_vision_spec
 
     ids, sizes, acts = OPENVLA_VISION_TABLE[vision_id]
     raw = {
@@ -382,7 +383,7 @@ def test_fine_tune_from_hf_checkpoint_then_export_offline(
 
 
 def test_shards_stream_one_at_a_time_into_bf16(vlm, tmp_path: Path, monkeypatch) -> None:
-    import prismatic.models.hf_openvla as hf_openvla
+    import prismatic.models.hf_shards as hf_openvla
 
     out = _export(vlm, tmp_path / "hf", max_shard_size=50_000)
     shards = sorted(out.glob("*.safetensors"))
@@ -435,7 +436,7 @@ def test_shards_stream_one_at_a_time_into_bf16(vlm, tmp_path: Path, monkeypatch)
 
 
 def test_tied_embeddings_stay_tied(make_batch, tmp_path: Path, monkeypatch) -> None:
-    from prismatic.models.materialize import build_vlm_from_spec
+    from prismatic.models.materialize import VLMArchitecture, build_vlm_from_spec
     from prismatic.models.registry import BaseVLMSpec
 
     tiny = LLM_BACKBONES["tiny-llama"]
@@ -443,7 +444,7 @@ def test_tied_embeddings_stay_tied(make_batch, tmp_path: Path, monkeypatch) -> N
     monkeypatch.setitem(LLM_BACKBONES, "tiny-qwen2-tied", tied)
     torch.manual_seed(2)
     model = build_vlm_from_spec(
-        "tied", BaseVLMSpec("tiny-vit-64px", "tiny-qwen2-tied", "gelu-mlp", "resize-naive")
+        VLMArchitecture("tied", BaseVLMSpec("tiny-vit-64px", "tiny-qwen2-tied", "gelu-mlp", "resize-naive"))
     )
     llm = model.llm_backbone.llm
     assert llm.lm_head.weight is llm.get_input_embeddings().weight
@@ -487,7 +488,7 @@ def test_peak_memory_is_about_one_model_plus_one_shard(tmp_path: Path) -> None:
         pytest.skip("needs Linux /proc/self/clear_refs to measure peak RSS")
     from transformers import LlamaConfig
 
-    from prismatic.models.materialize import build_vlm_from_spec
+    from prismatic.models.materialize import VLMArchitecture, build_vlm_from_spec
     from prismatic.models.registry import BaseVLMSpec
 
     torch.manual_seed(0)
@@ -503,7 +504,7 @@ def test_peak_memory_is_about_one_model_plus_one_shard(tmp_path: Path) -> None:
         eos_token_id=2,
     )
     spec = BaseVLMSpec("tiny-vit-64px", "tiny-llama", "gelu-mlp", "resize-naive")
-    model = build_vlm_from_spec("peak", spec, llm_config=config)
+    model = build_vlm_from_spec(VLMArchitecture("peak", spec, llm_config=config))
     model_bytes = sum(p.numel() * 4 for p in model.parameters())
     shard_bytes = 20 * 10**6
     out = _export(model, tmp_path / "hf", max_shard_size=shard_bytes)

@@ -16,6 +16,7 @@ from prismatic.conf.train import TrainConfig
 from prismatic.conf.vla import VLAConfig
 from prismatic.models import build_vlm, load_vla
 from prismatic.models.checkpoint_format import latest_checkpoint, load_checkpoint_file, newest_checkpoint
+from prismatic.training.run_folder import resume_point
 
 PROJECTOR_W = "projector.projector.0.weight"
 
@@ -72,7 +73,7 @@ def test_the_highest_complete_step_is_resumed_and_loaded(tmp_path, tiny_weights,
     assert newest_checkpoint(ckpts) == ckpts / expected_name
     assert latest_checkpoint(run) == ckpts / expected_name
     cfg = TrainConfig(vla=VLAConfig.get_choice_class("tiny+mx-toy")(), resume="latest")
-    point = cfg.resume_point(run)
+    point = resume_point(cfg, run)
     expected_epoch = dict(written)[expected_step]
     assert (point.path, point.step, point.epoch) == (ckpts / expected_name, expected_step, expected_epoch)
     weights = load_checkpoint_file(latest_checkpoint(run))["model"]["projector"]["projector.0.weight"]

@@ -135,7 +135,7 @@ def _train(strategy_id: str, lora: bool, per_device: int, rank: int, world: int)
     from prismatic.models.action_heads import ActionSpec, build_action_head
     from prismatic.training.metrics import StepMetrics
     from prismatic.training.strategies import get_train_strategy
-    from prismatic.training.trainer import LoopPlan, train_loop
+    from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
     from prismatic.util.dist import DistInfo
     from prismatic.vla.action_tokenizer import ActionTokenizer
 
@@ -167,13 +167,9 @@ def _train(strategy_id: str, lora: bool, per_device: int, rank: int, world: int)
         head,
         batches(),
         StepMetrics(["d"], head, torch.device("cpu")),
-        [recorder],
         LoopPlan(0, STEPS, STEPS, K * B * world, None, show_progress=False),
         {"step": 0, "epoch": 0, "frames": 0},
-        _NoCheckpoints(),
-        lambda blocking: None,
-        None,
-        _NoPreemption(),
+        LoopHooks([recorder], _NoCheckpoints(), _NoPreemption()),
     )
     return {"metrics": recorder.rows, "weights": _trainable(strategy.model)}
 

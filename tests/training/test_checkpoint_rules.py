@@ -18,11 +18,11 @@ from prismatic.training.checkpointing import (
     CountersState,
     RNGState,
     atomic_torch_save,
-    check_resume_compatible,
     read_resume_state,
     saved_train_state,
     training_state,
 )
+from prismatic.training.run_folder import check_resume_compatible
 from prismatic.util.errors import ConfigError
 
 

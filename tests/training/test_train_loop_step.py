@@ -15,7 +15,7 @@ import torch
 
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.preemption import Preempted
-from prismatic.training.trainer import LoopPlan, train_loop
+from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
 
 LR = 0.1
 
@@ -123,20 +123,17 @@ def _run(
         evals.append(counters["step"])
         return {"val_loss": 0.5}
 
+    checkpoints.save = save
     last = train_loop(
         strategy,
         _Head(),
         batches,
         StepMetrics(["d"], _Head(), torch.device("cpu")),
-        [tracker],
         LoopPlan(
             start, steps, steps_per_epoch, gbs, eval_interval if validate else None, show_progress=False
         ),
         counters,
-        checkpoints,
-        save,
-        run_validate if validate else None,
-        _Preemption(preempt_at),
+        LoopHooks([tracker], checkpoints, _Preemption(preempt_at), run_validate if validate else None),
     )
     return SimpleNamespace(
         last=last, tracker=tracker, checkpoints=checkpoints, saves=saves, evals=evals, counters=counters
@@ -213,19 +210,17 @@ def test_preemption_saves_a_blocking_checkpoint_then_stops_at_that_step():
     def save(blocking):
         saves.append(blocking)
 
+    checkpoints = _Checkpoints(10)
+    checkpoints.save = save
     with pytest.raises(Preempted) as info:
         train_loop(
             strategy,
             _Head(),
             _batches(xs, ys),
             StepMetrics(["d"], _Head(), torch.device("cpu")),
-            [],
             LoopPlan(0, 5, 5, 1, None, show_progress=False),
             {"step": 0, "epoch": 0, "frames": 0},
-            _Checkpoints(10),
-            save,
-            None,
-            _Preemption(at_step=3),
+            LoopHooks([], checkpoints, _Preemption(at_step=3)),
         )
     assert saves == [True]
     assert info.value.step == 3 and info.value.signum == signal.SIGTERM

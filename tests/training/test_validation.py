@@ -66,18 +66,28 @@ def boost(vlm: torch.nn.Module) -> Any:
     return lm_head.register_forward_hook(lambda module, inputs, logits: logits + bonus)
 
 
-def make_validator(parts: dict[str, Any], data_root: Path, data_mix: str, **kwargs: Any):
+def make_validator(
+    parts: dict[str, Any],
+    data_root: Path,
+    data_mix: str,
+    *,
+    per_device_batch_size: int,
+    num_batches: int,
+    device: str = "cpu",
+    **spec_fields: Any,
+):
     from prismatic.models.action_heads import get_action_head
     from prismatic.training.validation import Validator
+    from prismatic.vla.datasets import StreamSpec
 
     return Validator(
-        data_root,
-        data_mix,
+        StreamSpec(data_root, data_mix, parts["resize_resolution"], **spec_fields),
         parts["batch_transform"],
-        parts["resize_resolution"],
         parts["collator"],
         head=get_action_head("tokens", parts["action_tokenizer"], parts["vlm"].num_prefix_tokens),
-        **kwargs,
+        per_device_batch_size=per_device_batch_size,
+        num_batches=num_batches,
+        device=device,
     )
 
 
@@ -86,17 +96,13 @@ def held_out_pass(
     parts: dict[str, Any], data_root: Path, name: str, rank: int = 0, world_size: int = 1
 ) -> list:
     """One pass over the rank's held-out frames of dataset `name`, read from the pipeline directly."""
-    from prismatic.vla.datasets import RLDSDataset
+    from prismatic.vla.datasets import RLDSDataset, StreamSpec
 
     dataset = RLDSDataset(
-        data_root,
-        name,
+        StreamSpec(
+            data_root, name, parts["resize_resolution"], 0, train=False, rank=rank, world_size=world_size
+        ),
         parts["batch_transform"],
-        parts["resize_resolution"],
-        0,
-        train=False,
-        rank=rank,
-        world_size=world_size,
     )
     return list(dataset)
 

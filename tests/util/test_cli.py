@@ -16,7 +16,8 @@ import yaml
 
 from prismatic.conf.train import TrainConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
-from prismatic.util import cli
+from prismatic.training.run_folder import config_to_dict
+from prismatic.util import cli_report
 from prismatic.util.cli import config_flags, entry_point, field_docs, format_help, parse_config
 from prismatic.util.errors import ConfigError
 
@@ -162,13 +163,12 @@ def test_a_run_config_yaml_parses_back_to_the_same_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`<run_dir>/config.yaml` is documented as re-usable with `--config_path`."""
-    train = _load_script("train", monkeypatch)
     cfg = parse_config(
         TrainConfig,
         ["--vla.type", "tiny-lora+mx-toy", "--vla.max_steps", "7", "--run_id", "007", "--trackers", "jsonl"],
     )
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(train.config_to_dict(cfg), sort_keys=False))
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     again = parse_config(TrainConfig, ["--config_path", str(path)])
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg) and again.run_id == "007"
 
@@ -233,12 +233,12 @@ def test_entry_point_reports_one_paragraph_and_records_it_for_torchrun(
 
     monkeypatch.setenv("LOCAL_RANK", "1")  # other ranks of the node stay quiet, record, and give rank 0 time
     slept: list[float] = []
-    monkeypatch.setattr(cli.time, "sleep", slept.append)
+    monkeypatch.setattr(cli_report.time, "sleep", slept.append)
     error_file.unlink()
     with pytest.raises(SystemExit):
         main()
     assert capsys.readouterr().err == "" and error_file.is_file()
-    assert slept == [cli.NONZERO_RANK_EXIT_DELAY_S]
+    assert slept == [cli_report.NONZERO_RANK_EXIT_DELAY_S]
 
 
 def test_entry_point_keeps_a_bugs_traceback_and_records_it(

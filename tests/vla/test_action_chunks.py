@@ -1,5 +1,5 @@
 """The l1-chunk head's targets are the pipeline's future-action window (prismatic/models/action_heads.py,
-rlds/dataset.py): expectations read straight from the dataset files and normalised in NumPy."""
+rlds/chunking.py): expectations read straight from the dataset files and normalised in NumPy."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 K, D = 4, 7
 
@@ -21,7 +23,7 @@ def test_chunk_targets_are_the_pipelines_future_window(toy_data_root: Path) -> N
     from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
     from prismatic.vla.action_tokenizer import ActionTokenizer
     from prismatic.vla.datasets import PaddedCollatorForActionPrediction, RLDSBatchTransform, RLDSDataset
-    from prismatic.vla.datasets.rlds.dataset import _split_name, load_builder
+    from prismatic.vla.datasets.rlds.discovery import load_builder, split_name
 
     tokenizer = load_tiny_tokenizer()
     head = build_action_head(ActionSpec(head="l1-chunk", chunk_size=K), ActionTokenizer(tokenizer), 0)
@@ -33,10 +35,11 @@ def test_chunk_targets_are_the_pipelines_future_window(toy_data_root: Path) -> N
         layout=head.layout,
     )
     dataset = RLDSDataset(
-        toy_data_root, "toy_pick_place", transform, (8, 8), 0, train=False, future_action_window_size=K - 1
+        StreamSpec(toy_data_root, "toy_pick_place", (8, 8), 0, train=False, future_action_window_size=K - 1),
+        transform,
     )
     directory = toy_data_root / "toy_pick_place" / "1.0.0"
-    episode = raw_actions_and_proprio(directory, _split_name(load_builder(directory), train=False))[0][
+    episode = raw_actions_and_proprio(directory, split_name(load_builder(directory), train=False))[0][
         "action"
     ]
     stats = dataset.dataset_statistics["toy_pick_place"]["action"]
@@ -81,7 +84,8 @@ def test_two_views_are_stacked_on_the_channel_axis(toy_data_root: Path) -> None:
     )
     stream = {"train": False, "future_action_window_size": 1, "options": DataOptions(load_proprio=True)}
     raw = RLDSDataset(
-        toy_data_root, "toy_pick_place", lambda f: f, (8, 8), 0, image_views=("primary", "wrist"), **stream
+        StreamSpec(toy_data_root, "toy_pick_place", (8, 8), 0, image_views=("primary", "wrist"), **stream),
+        lambda f: f,
     )
     frames = [f for _, f in zip(range(3), iter(raw), strict=False)]
     for frame in frames:

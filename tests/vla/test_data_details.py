@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from prismatic.util.constants import IGNORE_INDEX
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 PREFIX = "test_data_details_"
 COLOURS, BIG, SMALL, MIX = (f"{PREFIX}{name}" for name in ("colours", "big", "small", "mix"))
@@ -165,7 +166,7 @@ def _stream(root: Path, data_mix: str, count: int | None, **kwargs: Any) -> list
     from prismatic.vla.datasets import RLDSDataset
 
     kwargs = {"resize_resolution": (8, 8), "shuffle_buffer_size": 16, "seed": 0, **kwargs}
-    dataset = RLDSDataset(root, data_mix, lambda frame: frame, keep_raw_action=True, **kwargs)
+    dataset = RLDSDataset(StreamSpec(root, data_mix, keep_raw_action=True, **kwargs), lambda frame: frame)
     return list(itertools.islice(iter(dataset), count))
 
 
@@ -270,7 +271,7 @@ def test_mixture_samples_by_transitions_times_weight(data_root: Path) -> None:
     expected = {BIG: big_n * BIG_WEIGHT / total, SMALL: small_n * SMALL_WEIGHT / total}
     assert expected == pytest.approx({BIG: 0.8, SMALL: 0.2})
 
-    dataset = RLDSDataset(data_root, MIX, lambda frame: frame["dataset_name"], (8, 8), 64, seed=3)
+    dataset = RLDSDataset(StreamSpec(data_root, MIX, (8, 8), 64, seed=3), lambda frame: frame["dataset_name"])
     assert dataset.sample_weights == pytest.approx(expected, abs=1e-12)
     names = Counter(itertools.islice(iter(dataset), 4000))
     # Binomial standard deviation at 4000 frames: 0.006; 0.03 is 5 of them and far from every wrong rule.
@@ -318,7 +319,7 @@ def test_too_few_train_episodes_to_hold_out_is_a_clear_error(tmp_path: Path) -> 
     (no val split) and how to fix it, instead of a complaint about the number of ranks."""
     from prismatic.util.errors import ConfigError
     from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS, register_dataset
-    from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+    from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
 
     name = f"{PREFIX}tiny_train_only"
     _write(tmp_path, name, 8, {"train": [_episode(i, 3, _grey(i), "task") for i in range(6)]})
@@ -326,7 +327,7 @@ def test_too_few_train_episodes_to_hold_out_is_a_clear_error(tmp_path: Path) -> 
     try:
         with pytest.raises(ConfigError, match=r"no 'val' split.*6 'train' trajectories.*--val_fraction"):
             make_interleaved_dataset(
-                tmp_path, name, train=False, resize_resolution=(8, 8), shuffle_buffer_size=4
+                StreamSpec(tmp_path, name, train=False, resize_resolution=(8, 8), shuffle_buffer_size=4)
             )
     finally:
         DATASET_CONFIGS.pop(name, None)

@@ -25,6 +25,7 @@ from prismatic.vla.datasets.rlds.configs import (
     RLDSDatasetConfig,
     StateEncoding,
 )
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 NAME, NAN_NAME = "parity_libero_like", "parity_nan"
 RES = {"resize_resolution": (8, 8), "shuffle_buffer_size": 4}
@@ -306,9 +307,11 @@ def test_normal_normalisation_as_openvla() -> None:
 
 
 def _val_frames(root: Path, **options: object) -> list[dict]:
-    from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+    from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
 
-    pipeline = make_interleaved_dataset(root, NAME, train=False, options=DataOptions(**options), **RES)
+    pipeline = make_interleaved_dataset(
+        StreamSpec(root, NAME, train=False, options=DataOptions(**options), **RES)
+    )
     return list(pipeline.dataset.as_numpy_iterator())
 
 
@@ -344,13 +347,13 @@ def test_val_frames_bit_identical_and_unlabeled_skipped(
 
 
 def test_chunks_pad_in_normalised_space_or_drop(parity_root: tuple[Path, dict]) -> None:
-    from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+    from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
 
     root, arrays = parity_root
     stats = _openvla_summary(_concat(_openvla_order(root, NAME), "action"))
     normalized = _openvla_normalize(arrays[("val", 0)]["action"], stats, np.array([True] * 6 + [False]))
     chunked = make_interleaved_dataset(
-        root, NAME, train=False, future_action_window_size=2, options=DataOptions(), **RES
+        StreamSpec(root, NAME, train=False, future_action_window_size=2, options=DataOptions(), **RES)
     )
     frames = list(chunked.dataset.as_numpy_iterator())
     assert len(frames) == 5
@@ -361,7 +364,9 @@ def test_chunks_pad_in_normalised_space_or_drop(parity_root: tuple[Path, dict]) 
         np.testing.assert_array_equal(frame["action"], expected)  # absolute gripper: the last action repeated
         assert frame["action_pad_mask"].tolist() == [not p for p in past_end]
     dropped = make_interleaved_dataset(
-        root, NAME, train=False, future_action_window_size=2, options=DataOptions(chunk_end="drop"), **RES
+        StreamSpec(
+            root, NAME, train=False, future_action_window_size=2, options=DataOptions(chunk_end="drop"), **RES
+        )
     )
     frames = list(dropped.dataset.as_numpy_iterator())
     assert len(frames) == 3 and all(f["action_pad_mask"].all() for f in frames)
@@ -373,7 +378,7 @@ def test_chunks_pad_in_normalised_space_or_drop(parity_root: tuple[Path, dict]) 
 
 def test_zero_action_filter_as_openvlas_droid_filter() -> None:
     from prismatic.util.tf import import_tensorflow
-    from prismatic.vla.datasets.rlds.dataset import _drop_zero_action_frames, zero_action_reference
+    from prismatic.vla.datasets.rlds.filters import drop_zero_action_frames, zero_action_reference
 
     q01 = np.array([-0.7776297926902771, -0.5803514122962952, -0.5795090794563293, -0.6464047729969025,
                     -0.7041108310222626, -0.8895104378461838], np.float32)  # fmt: skip
@@ -389,7 +394,7 @@ def test_zero_action_filter_as_openvlas_droid_filter() -> None:
     dims, reference = zero_action_reference({}, DATASET_CONFIGS["droid"], "openvla")
     tf = import_tensorflow()
     traj = {"action": tf.constant(chunks), "index": tf.range(4)}
-    kept = _drop_zero_action_frames(traj, dims, reference)
+    kept = drop_zero_action_frames(traj, dims, reference)
     assert kept["index"].numpy().tolist() == [1, 3]
 
 
@@ -492,7 +497,7 @@ def test_read_trajectories_gives_standardised_steps_with_ids(parity_root: tuple[
 
 def test_a_dataset_with_no_labeled_trajectory_is_an_error(tmp_path: Path, monkeypatch) -> None:
     """OpenVLA's filter would leave nothing and training would wait forever: say so instead."""
-    from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+    from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
     from prismatic.vla.datasets.rlds.writer import write_rlds_dataset
 
     name = "parity_unlabeled"
@@ -503,6 +508,8 @@ def test_a_dataset_with_no_labeled_trajectory_is_an_error(tmp_path: Path, monkey
     with pytest.raises(
         ConfigError, match="all 4 trajectories have only empty instructions.*skip_unlabeled false"
     ):
-        make_interleaved_dataset(tmp_path, name, **RES)
-    kept = make_interleaved_dataset(tmp_path, name, options=DataOptions(skip_unlabeled=False), **RES)
+        make_interleaved_dataset(StreamSpec(tmp_path, name, **RES))
+    kept = make_interleaved_dataset(
+        StreamSpec(tmp_path, name, options=DataOptions(skip_unlabeled=False), **RES)
+    )
     assert next(kept.dataset.as_numpy_iterator())["task"]["language_instruction"] == b""

@@ -19,6 +19,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from prismatic.vla.datasets import RLDSDataset
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 # Two-dataset mixture ("toy"), shuffled; 16 frames per tf.data fetch, so 37 ends mid-group.
 STREAM = {"resize_resolution": (32, 32), "shuffle_buffer_size": 64, "seed": 3}
@@ -31,7 +32,7 @@ def _dataset(root: Path, role: str, **kwargs: Any) -> RLDSDataset:
 
     A "writer" iterates and saves, a "reader" resumes: never the same object, as after a restart.
     """
-    return RLDSDataset(root, "toy", lambda frame: frame, **{**STREAM, **kwargs})
+    return RLDSDataset(StreamSpec(root, "toy", **{**STREAM, **kwargs}), lambda frame: frame)
 
 
 def _expected(dataset: RLDSDataset, start: int, count: int) -> list[dict]:

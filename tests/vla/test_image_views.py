@@ -19,8 +19,10 @@ import pytest
 from prismatic.util.errors import ConfigError
 from prismatic.vla.datasets import RLDSDataset
 from prismatic.vla.datasets.rlds.configs import get_dataset_config
-from prismatic.vla.datasets.rlds.dataset import check_image_views, make_interleaved_dataset
+from prismatic.vla.datasets.rlds.discovery import check_image_views
+from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
 from prismatic.vla.datasets.rlds.toy import generate_toy_episode, toy_dataset_dir
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 RES = (32, 32)
 VAL = {"resize_resolution": RES, "shuffle_buffer_size": 1, "train": False, "keep_raw_action": True}
@@ -35,7 +37,7 @@ def _dataset(root: Path, **kwargs: Any) -> RLDSDataset:
 
 @functools.cache
 def _built(root: Path, kwargs: tuple) -> RLDSDataset:
-    return RLDSDataset(root, "toy", lambda frame: frame, **dict(kwargs))
+    return RLDSDataset(StreamSpec(root, "toy", **dict(kwargs)), lambda frame: frame)
 
 
 def _frames(root: Path, count: int | None = None, **kwargs: Any) -> list[dict]:
@@ -173,7 +175,9 @@ def test_shuffle_buffer_estimate_counts_the_wrist_images(toy_data_root: Path) ->
 def test_a_view_no_dataset_has_is_refused(toy_data_root: Path) -> None:
     with pytest.raises(ConfigError) as error:
         make_interleaved_dataset(
-            toy_data_root, "toy_push", resize_resolution=RES, shuffle_buffer_size=8, image_views=WRIST
+            StreamSpec(
+                toy_data_root, "toy_push", resize_resolution=RES, shuffle_buffer_size=8, image_views=WRIST
+            )
         )
     message = str(error.value)
     assert "'wrist'" in message and "'toy_push'" in message and "toy_push: primary" in message
@@ -186,13 +190,13 @@ def test_a_view_no_dataset_has_is_refused(toy_data_root: Path) -> None:
 def test_bad_view_names_are_refused_with_the_choices(toy_data_root: Path, views: tuple, problem: str) -> None:
     with pytest.raises(ConfigError, match=r"primary, secondary, wrist") as error:
         make_interleaved_dataset(
-            toy_data_root, "toy", resize_resolution=RES, shuffle_buffer_size=8, image_views=views
+            StreamSpec(toy_data_root, "toy", resize_resolution=RES, shuffle_buffer_size=8, image_views=views)
         )
     assert problem in str(error.value)
 
 
 def test_missing_views_are_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="prismatic.vla.datasets.rlds.dataset")
+    caplog.set_level(logging.WARNING, logger="prismatic.vla.datasets.rlds.discovery")
     configs = [get_dataset_config("toy_pick_place"), get_dataset_config("toy_push")]
     assert check_image_views(["wrist", "primary"], configs, "toy") == ("wrist", "primary")
     padded = [r.getMessage() for r in caplog.records if "black images" in r.getMessage()]
@@ -208,7 +212,7 @@ def test_stream_resume_keeps_the_wrist_view(toy_data_root: Path, tmp_path: Path)
     assert json.loads(meta.read_text())["fingerprint"]["image_views"] == ["primary", "wrist"]
 
     expected = _frames(toy_data_root, 41, image_views=WRIST, **TRAIN)[21:]
-    reader = RLDSDataset(toy_data_root, "toy", lambda frame: frame, image_views=WRIST, **TRAIN)
+    reader = RLDSDataset(StreamSpec(toy_data_root, "toy", image_views=WRIST, **TRAIN), lambda frame: frame)
     assert reader.resume_from(21, tmp_path) == "snapshot"
     for got, want in zip(itertools.islice(iter(reader), 20), expected, strict=True):
         for key in ("image_primary", "image_wrist"):

@@ -14,7 +14,8 @@ import pytest
 
 from prismatic.vla.datasets.rlds import configs
 from prismatic.vla.datasets.rlds.configs import ActionEncoding, RLDSDatasetConfig, StateEncoding
-from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 SCRIPTS = Path(__file__).parents[2] / "vla_scripts"
 
@@ -69,7 +70,7 @@ def test_convert_own_episodes_and_train_on_them(
     )
     monkeypatch.setitem(configs.DATASET_CONFIGS, "my_robot", dataclasses.replace(entry))
     pipeline = make_interleaved_dataset(
-        root, "my_robot", resize_resolution=(24, 24), shuffle_buffer_size=4, train=False
+        StreamSpec(root, "my_robot", resize_resolution=(24, 24), shuffle_buffer_size=4, train=False)
     )
     frames = list(pipeline.dataset.as_numpy_iterator())
     assert len(frames) == 5  # the hdf5 episode (last by name) is the val split

@@ -15,7 +15,9 @@ from oxe_synthetic import INSTRUCTION, SPECS, color
 from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
 from prismatic.vla.datasets.rlds import mixtures
-from prismatic.vla.datasets.rlds.dataset import SHUFFLE_BUFFER_RAM_ENV, make_interleaved_dataset
+from prismatic.vla.datasets.rlds.buffer import SHUFFLE_BUFFER_RAM_ENV
+from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 RES = {"resize_resolution": (16, 16)}
 
@@ -31,7 +33,7 @@ def test_raw_layout_becomes_the_expected_standard_frame(open_x_root: Path, name:
     # Gripper dims that never move stay as standardised (OpenVLA's default zeroes them): this test is about layout.
     options = DataOptions(unused_dims="zero_normalized")
     pipeline = make_interleaved_dataset(
-        open_x_root, name, train=False, shuffle_buffer_size=1, options=options, **RES
+        StreamSpec(open_x_root, name, train=False, shuffle_buffer_size=1, options=options, **RES)
     )
     frames = list(pipeline.dataset.as_numpy_iterator())
 
@@ -58,7 +60,9 @@ def test_mixture_frequencies_match_balanced_weights(
 ) -> None:
     spec = [("fractal20220817_data", 2.0), ("viola", 1.0), ("libero_spatial_no_noops", 0.5)]
     monkeypatch.setitem(mixtures.MIXTURES, "synthetic_mix", spec)
-    pipeline = make_interleaved_dataset(open_x_root, "synthetic_mix", shuffle_buffer_size=64, seed=1, **RES)
+    pipeline = make_interleaved_dataset(
+        StreamSpec(open_x_root, "synthetic_mix", shuffle_buffer_size=64, seed=1, **RES)
+    )
     expected = {"fractal20220817_data": 24 / 42, "viola": 12 / 42, "libero_spatial_no_noops": 6 / 42}
     assert pipeline.sample_weights == pytest.approx(expected)
     names = [f["dataset_name"].decode() for f in itertools.islice(pipeline.dataset.as_numpy_iterator(), 3000)]
@@ -82,10 +86,10 @@ def test_every_openvla_mixture_is_registered() -> None:
 def test_missing_datasets_are_named_or_skipped(open_x_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ConfigError, match=r"Mixture 'rtx': 'jaco_play', 'berkeley_cable_routing', 'roboturk'.*"
                                           r"'toto' not found under.*skip_missing_datasets"):  # fmt: skip
-        make_interleaved_dataset(open_x_root, "rtx", shuffle_buffer_size=8, **RES)
+        make_interleaved_dataset(StreamSpec(open_x_root, "rtx", shuffle_buffer_size=8, **RES))
     with caplog.at_level(logging.WARNING):
         pipeline = make_interleaved_dataset(
-            open_x_root, "rtx", shuffle_buffer_size=8, skip_missing_datasets=True, **RES
+            StreamSpec(open_x_root, "rtx", shuffle_buffer_size=8, skip_missing_datasets=True, **RES)
         )
     assert set(pipeline.sample_weights) == {
         "fractal20220817_data",
@@ -102,21 +106,21 @@ def test_memory_guard_refuses_a_buffer_that_does_not_fit(
 ) -> None:
     with pytest.raises(ConfigError, match=r"largest shuffle_buffer_size that fits is (\d+)") as error:
         make_interleaved_dataset(
-            open_x_root, "viola", shuffle_buffer_size=100_000, shuffle_buffer_ram_gb=0.01, **RES
+            StreamSpec(open_x_root, "viola", shuffle_buffer_size=100_000, shuffle_buffer_ram_gb=0.01, **RES)
         )
     largest = int(re.search(r"fits is (\d+)", str(error.value)).group(1))
     assert 1000 < largest < 100_000
     make_interleaved_dataset(
-        open_x_root, "viola", shuffle_buffer_size=largest, shuffle_buffer_ram_gb=0.01, **RES
+        StreamSpec(open_x_root, "viola", shuffle_buffer_size=largest, shuffle_buffer_ram_gb=0.01, **RES)
     )
     monkeypatch.setenv(SHUFFLE_BUFFER_RAM_ENV, "0.01")
     with pytest.raises(ConfigError, match=SHUFFLE_BUFFER_RAM_ENV):
-        make_interleaved_dataset(open_x_root, "viola", shuffle_buffer_size=100_000, **RES)
+        make_interleaved_dataset(StreamSpec(open_x_root, "viola", shuffle_buffer_size=100_000, **RES))
 
 
 def _images(root: Path, **kwargs: object) -> list[np.ndarray]:
     pipeline = make_interleaved_dataset(
-        root, "toy", resize_resolution=(32, 32), shuffle_buffer_size=16, **kwargs
+        StreamSpec(root, "toy", resize_resolution=(32, 32), shuffle_buffer_size=16, **kwargs)
     )
     return [
         f["observation"]["image_primary"] for f in itertools.islice(pipeline.dataset.as_numpy_iterator(), 24)
@@ -143,14 +147,18 @@ def test_image_augmentation_is_seeded_and_off_by_default(toy_data_root: Path) ->
 def test_history_and_action_chunks_with_pad_masks(open_x_root: Path) -> None:
     spec = SPECS["fractal20220817_data"]  # 6 steps; arm = P (normalised), gripper [1, 0, 0, 0, 1, 1]
     pipeline = make_interleaved_dataset(
-        open_x_root,
-        spec.name,
-        train=False,
-        shuffle_buffer_size=1,
-        window_size=2,
-        future_action_window_size=2,
-        options=DataOptions(unused_dims="zero_normalized", load_proprio=True),  # the constant gripper stays 1
-        **RES,
+        StreamSpec(
+            open_x_root,
+            spec.name,
+            train=False,
+            shuffle_buffer_size=1,
+            window_size=2,
+            future_action_window_size=2,
+            options=DataOptions(
+                unused_dims="zero_normalized", load_proprio=True
+            ),  # the constant gripper stays 1
+            **RES,
+        ),
     )
     frames = list(pipeline.dataset.as_numpy_iterator())
     assert len(frames) == 6
@@ -166,7 +174,9 @@ def test_history_and_action_chunks_with_pad_masks(open_x_root: Path) -> None:
         )
         np.testing.assert_allclose(frame["action"], expected, atol=1e-4)
     with pytest.raises(ConfigError, match="window_size"):
-        make_interleaved_dataset(open_x_root, spec.name, shuffle_buffer_size=1, window_size=0, **RES)
+        make_interleaved_dataset(
+            StreamSpec(open_x_root, spec.name, shuffle_buffer_size=1, window_size=0, **RES)
+        )
 
 
 def test_droid_training_drops_idle_frames(open_x_root: Path) -> None:
@@ -174,7 +184,7 @@ def test_droid_training_drops_idle_frames(open_x_root: Path) -> None:
     def arms(name: str, bounds: str = "openvla") -> np.ndarray:
         options = DataOptions(zero_action_bounds=bounds)
         pipeline = make_interleaved_dataset(
-            open_x_root, name, shuffle_buffer_size=8, seed=0, options=options, **RES
+            StreamSpec(open_x_root, name, shuffle_buffer_size=8, seed=0, options=options, **RES)
         )
         frames = itertools.islice(pipeline.dataset.as_numpy_iterator(), 40)
         return np.stack([f["action"][:6] for f in frames])

@@ -15,13 +15,14 @@ from prismatic.models.backbones.llm.prompting.base_prompter import PurePromptBui
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets import PaddedCollatorForActionPrediction, RLDSBatchTransform, RLDSDataset
-from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 PIPELINE = {"resize_resolution": (32, 32), "shuffle_buffer_size": 64}
 
 
 def _frames(root: Path, k: int, **kwargs: object) -> list[dict]:
-    pipeline = make_interleaved_dataset(root, "toy", **{**PIPELINE, **kwargs})
+    pipeline = make_interleaved_dataset(StreamSpec(root, "toy", **{**PIPELINE, **kwargs}))
     return list(itertools.islice(pipeline.dataset.as_numpy_iterator(), k))
 
 
@@ -64,7 +65,7 @@ def test_frames_have_the_documented_format(toy_data_root: Path) -> None:
 
 
 def test_mixture_is_sampled_by_balanced_weights(toy_data_root: Path) -> None:
-    pipeline = make_interleaved_dataset(toy_data_root, "toy", seed=0, **PIPELINE)
+    pipeline = make_interleaved_dataset(StreamSpec(toy_data_root, "toy", seed=0, **PIPELINE))
     # Sizes from statistics over every split, as OpenVLA: 28 episodes of 20 and of 16 steps.
     assert pipeline.sample_weights == pytest.approx({"toy_pick_place": 560 / 1008, "toy_push": 448 / 1008})
     assert pipeline.num_transitions == 1008
@@ -74,15 +75,21 @@ def test_mixture_is_sampled_by_balanced_weights(toy_data_root: Path) -> None:
 
 def test_val_is_one_deterministic_pass(toy_data_root: Path) -> None:
     a = list(
-        make_interleaved_dataset(toy_data_root, "toy", train=False, **PIPELINE).dataset.as_numpy_iterator()
+        make_interleaved_dataset(
+            StreamSpec(toy_data_root, "toy", train=False, **PIPELINE)
+        ).dataset.as_numpy_iterator()
     )
     b = list(
-        make_interleaved_dataset(toy_data_root, "toy", train=False, **PIPELINE).dataset.as_numpy_iterator()
+        make_interleaved_dataset(
+            StreamSpec(toy_data_root, "toy", train=False, **PIPELINE)
+        ).dataset.as_numpy_iterator()
     )
     assert len(a) == 4 * 20 + 4 * 16
     assert [frame_key(f) for f in a] == [frame_key(f) for f in b]
     halves = [
-        make_interleaved_dataset(toy_data_root, "toy", train=False, rank=r, world_size=2, **PIPELINE).dataset
+        make_interleaved_dataset(
+            StreamSpec(toy_data_root, "toy", train=False, rank=r, world_size=2, **PIPELINE)
+        ).dataset
         for r in range(2)
     ]
     assert sorted(frame_key(f) for h in halves for f in h.as_numpy_iterator()) == sorted(
@@ -93,17 +100,19 @@ def test_val_is_one_deterministic_pass(toy_data_root: Path) -> None:
 def test_bad_input_raises_config_error(toy_data_root: Path, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     with pytest.raises(ConfigError, match=f"data_root_dir '{missing}' does not exist"):
-        make_interleaved_dataset(missing, "toy", **PIPELINE)
+        make_interleaved_dataset(StreamSpec(missing, "toy", **PIPELINE))
     with pytest.raises(ConfigError, match="Unknown dataset mixture 'toy_mix'"):
-        make_interleaved_dataset(toy_data_root, "toy_mix", **PIPELINE)
+        make_interleaved_dataset(StreamSpec(toy_data_root, "toy_mix", **PIPELINE))
     with pytest.raises(
         ConfigError, match=r"'bridge_orig' not found under .*Datasets present: toy_pick_place, toy_push"
     ):
-        make_interleaved_dataset(toy_data_root, "bridge", **PIPELINE)
+        make_interleaved_dataset(StreamSpec(toy_data_root, "bridge", **PIPELINE))
     with pytest.raises(ConfigError, match="4 trajectories in split 'val', fewer than world_size=5"):
-        make_interleaved_dataset(toy_data_root, "toy", train=False, rank=0, world_size=5, **PIPELINE)
+        make_interleaved_dataset(
+            StreamSpec(toy_data_root, "toy", train=False, rank=0, world_size=5, **PIPELINE)
+        )
     with pytest.raises(ConfigError, match="rank"):
-        make_interleaved_dataset(toy_data_root, "toy", rank=2, world_size=2, **PIPELINE)
+        make_interleaved_dataset(StreamSpec(toy_data_root, "toy", rank=2, world_size=2, **PIPELINE))
 
 
 def test_rlds_dataset_feeds_the_collator(toy_data_root: Path, tiny_tokenizer) -> None:
@@ -113,7 +122,7 @@ def test_rlds_dataset_feeds_the_collator(toy_data_root: Path, tiny_tokenizer) ->
         image_transform=lambda img: torch.from_numpy(np.array(img)).permute(2, 0, 1).float() / 255,
         prompt_builder_fn=PurePromptBuilder,
     )
-    dataset = RLDSDataset(toy_data_root, "toy", transform, (32, 32), 64, seed=0, start_sample=5)
+    dataset = RLDSDataset(StreamSpec(toy_data_root, "toy", (32, 32), 64, seed=0, start_sample=5), transform)
     assert len(dataset) == 1008  # transitions of every split, as OpenVLA's dataset length
     assert sorted(dataset.dataset_statistics) == ["toy_pick_place", "toy_push"]
     collator = PaddedCollatorForActionPrediction(64, tiny_tokenizer.pad_token_id)
@@ -136,11 +145,12 @@ def test_file_order_is_reshuffled_per_epoch_and_replayable(toy_data_root: Path) 
     import tensorflow_datasets as tfds
 
     from prismatic.vla.datasets.rlds.configs import get_dataset_config
-    from prismatic.vla.datasets.rlds.dataset import _read_trajectories, find_dataset_dir
+    from prismatic.vla.datasets.rlds.discovery import find_dataset_dir
+    from prismatic.vla.datasets.rlds.trajectories import trajectory_dataset
 
     builder = tfds.builder_from_directory(str(find_dataset_dir(toy_data_root, "toy_push")))
     assert builder.info.splits["train"].num_shards > 1
-    trajectories = _read_trajectories(
+    trajectories = trajectory_dataset(
         builder, "train", get_dataset_config("toy_push"), DataOptions(), repeat_seed=11
     )
 
@@ -158,8 +168,10 @@ def test_rlds_dataset_yields_exactly_the_pipelines_frames(toy_data_root: Path) -
     # RLDSDataset fetches frames from tf.data in groups; the val pass from frame 5 on (139 frames, not a multiple
     # of the group size) must still come out frame for frame, in order, with nothing dropped at the end.
     kwargs = {"train": False, "start_sample": 5, **PIPELINE}
-    expected = list(make_interleaved_dataset(toy_data_root, "toy", **kwargs).dataset.as_numpy_iterator())
-    got = list(RLDSDataset(toy_data_root, "toy", lambda frame: frame, **kwargs))
+    expected = list(
+        make_interleaved_dataset(StreamSpec(toy_data_root, "toy", **kwargs)).dataset.as_numpy_iterator()
+    )
+    got = list(RLDSDataset(StreamSpec(toy_data_root, "toy", **kwargs), lambda frame: frame))
     assert len(got) == len(expected) == 144 - 5
     for mine, theirs in zip(got, expected, strict=True):
         assert frame_key(mine) == frame_key(theirs)
@@ -173,7 +185,7 @@ def test_epoch_length_is_openvlas(toy_data_root: Path, monkeypatch: pytest.Monke
     from prismatic.vla.datasets.rlds import mixtures
 
     monkeypatch.setitem(mixtures.MIXTURES, "toy_half", [("toy_pick_place", 1.0), ("toy_push", 0.5)])
-    pipeline = make_interleaved_dataset(toy_data_root, "toy_half", train=False, **PIPELINE)
+    pipeline = make_interleaved_dataset(StreamSpec(toy_data_root, "toy_half", train=False, **PIPELINE))
     # Sizes 560 and 448 (every split); balanced weights 560 : 224 of 784. OpenVLA's length counts frames until
     # the weight-1.0 dataset is seen once: 560 / (560 / 784) = 784, not 560 + 448.
     assert pipeline.num_transitions == 1008 and pipeline.dataset_length == 784

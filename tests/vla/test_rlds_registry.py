@@ -16,6 +16,7 @@ from prismatic.vla.datasets.rlds.mixtures import (
     register_mixture,
 )
 from prismatic.vla.datasets.rlds.transforms import STANDARDIZE_FNS
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 
 def test_registries_are_consistent() -> None:
@@ -138,11 +139,11 @@ def _fake_raw_trajectory(name: str, num_steps: int) -> dict:
 )
 def test_open_x_standardisation_reaches_the_frame_format(name: str, num_frames: int) -> None:
     from prismatic.conf.data import DataOptions
-    from prismatic.vla.datasets.rlds.dataset import _restructure
+    from prismatic.vla.datasets.rlds.trajectories import restructure
 
     # Bridge drops its all-zero first step and the last step (relabelled from the reached state).
     options = DataOptions(load_proprio=True)
-    out = _restructure(_fake_raw_trajectory(name, 6), get_dataset_config(name), options)
+    out = restructure(_fake_raw_trajectory(name, 6), get_dataset_config(name), options)
     assert out["action"].shape == (num_frames, 7) and out["observation"]["proprio"].shape == (num_frames, 8)
     assert out["observation"]["image_primary"].shape == (num_frames,)
     assert out["task"]["language_instruction"].numpy()[0] == b"put the spoon in the pot"
@@ -180,7 +181,8 @@ def test_a_standardize_fn_branching_on_a_tensor_value_is_a_clear_error(
     )
     with pytest.raises(ConfigError) as error:
         RLDSDataset(
-            toy_data_root, "toy_push", lambda frame: frame, resize_resolution=(8, 8), shuffle_buffer_size=8
+            StreamSpec(toy_data_root, "toy_push", resize_resolution=(8, 8), shuffle_buffer_size=8),
+            lambda frame: frame,
         )
     message = str(error.value)
     assert message.startswith("toy_push: its standardize_fn 'test_branchy' uses a tensor as a Python bool"), (

@@ -11,13 +11,14 @@ import pytest
 from rlds_helpers import q99_normalize, raw_actions_and_proprio
 
 from prismatic.conf.data import DataOptions
-from prismatic.vla.datasets.rlds import dataset as dataset_module
+from prismatic.vla.datasets.rlds import reading as dataset_module
 from prismatic.vla.datasets.rlds import statistics as statistics_module
 from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS, NormalizationType
-from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset
+from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
 from prismatic.vla.datasets.rlds.normalization import normalize_np, normalize_tf, unnormalize_np
 from prismatic.vla.datasets.rlds.statistics import load_or_compute_statistics, save_dataset_statistics
 from prismatic.vla.datasets.rlds.toy import toy_dataset_dir
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 PIPELINE = {"resize_resolution": (32, 32), "shuffle_buffer_size": 16}
 # Train-split statistics with proprio: what these tests compare against the train episodes.
@@ -41,9 +42,9 @@ def _numpy_summary(x: np.ndarray) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", ["toy_pick_place", "toy_push"])
 def test_statistics_match_numpy_on_raw_episodes(toy_data_root: Path, name: str) -> None:
-    stats = make_interleaved_dataset(toy_data_root, name, options=TRAIN_STATS, **PIPELINE).dataset_statistics[
-        name
-    ]
+    stats = make_interleaved_dataset(
+        StreamSpec(toy_data_root, name, options=TRAIN_STATS, **PIPELINE)
+    ).dataset_statistics[name]
     episodes = raw_actions_and_proprio(toy_dataset_dir(toy_data_root, name), "train")
     assert stats["num_trajectories"] == 24
     assert (
@@ -62,7 +63,9 @@ def test_statistics_match_numpy_on_raw_episodes(toy_data_root: Path, name: str) 
 
 def test_val_frames_are_bounds_q99_normalised(toy_data_root: Path) -> None:
     name = "toy_push"
-    pipeline = make_interleaved_dataset(toy_data_root, name, train=False, options=TRAIN_STATS, **PIPELINE)
+    pipeline = make_interleaved_dataset(
+        StreamSpec(toy_data_root, name, train=False, options=TRAIN_STATS, **PIPELINE)
+    )
     frames = list(pipeline.dataset.as_numpy_iterator())
     train = raw_actions_and_proprio(toy_dataset_dir(toy_data_root, name), "train")
     val = raw_actions_and_proprio(toy_dataset_dir(toy_data_root, name), "val")
@@ -116,7 +119,7 @@ def test_normalization_formulas() -> None:
 def test_statistics_are_cached_and_reused(toy_data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = "toy_pick_place"
     dataset_dir = toy_dataset_dir(toy_data_root, name)
-    first = make_interleaved_dataset(toy_data_root, name, **PIPELINE).dataset_statistics[name]
+    first = make_interleaved_dataset(StreamSpec(toy_data_root, name, **PIPELINE)).dataset_statistics[name]
     cached = sorted(dataset_dir.glob("dataset_statistics_*.json"))
     assert cached, "statistics were not cached beside the data"
 
@@ -124,18 +127,21 @@ def test_statistics_are_cached_and_reused(toy_data_root: Path, monkeypatch: pyte
         raise AssertionError("statistics recomputed although a cache file exists")
 
     monkeypatch.setattr(dataset_module, "compute_statistics", no_recompute)
-    assert make_interleaved_dataset(toy_data_root, name, **PIPELINE).dataset_statistics[name] == first
+    assert (
+        make_interleaved_dataset(StreamSpec(toy_data_root, name, **PIPELINE)).dataset_statistics[name]
+        == first
+    )
 
     # Config fields the numbers do not depend on (normalisation type, masks) reuse the cache...
     monkeypatch.undo()
     changed = dataclasses.replace(DATASET_CONFIGS[name], action_normalization_type=NormalizationType.NORMAL)
     monkeypatch.setitem(DATASET_CONFIGS, name, changed)
-    make_interleaved_dataset(toy_data_root, name, **PIPELINE)
+    make_interleaved_dataset(StreamSpec(toy_data_root, name, **PIPELINE))
     assert set(dataset_dir.glob("dataset_statistics_*.json")) == set(cached)
     # ... one they depend on (the state keys) is a different hash: computed again, into a new file.
     changed = dataclasses.replace(DATASET_CONFIGS[name], state_obs_keys=("state", None))
     monkeypatch.setitem(DATASET_CONFIGS, name, changed)
-    make_interleaved_dataset(toy_data_root, name, **PIPELINE)
+    make_interleaved_dataset(StreamSpec(toy_data_root, name, **PIPELINE))
     assert len(set(dataset_dir.glob("dataset_statistics_*.json")) - set(cached)) == 1
 
 
@@ -152,7 +158,7 @@ def test_statistics_fall_back_to_user_cache(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_save_dataset_statistics_layout(toy_data_root: Path, tmp_path: Path) -> None:
-    statistics = make_interleaved_dataset(toy_data_root, "toy", **PIPELINE).dataset_statistics
+    statistics = make_interleaved_dataset(StreamSpec(toy_data_root, "toy", **PIPELINE)).dataset_statistics
     statistics["toy_push"]["action"]["q99"] = np.asarray(
         statistics["toy_push"]["action"]["q99"]
     )  # arrays are fine

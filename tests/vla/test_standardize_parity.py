@@ -23,7 +23,7 @@ import pytest
 
 from prismatic.util.tf import import_tensorflow
 from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS, get_dataset_config
-from prismatic.vla.datasets.rlds.dataset import proprio_of
+from prismatic.vla.datasets.rlds.trajectories import proprio_of
 from prismatic.vla.datasets.rlds.transforms import (
     binarize_gripper_actions,
     get_standardize_fn,

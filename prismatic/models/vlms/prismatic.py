@@ -5,11 +5,12 @@ Sequence layout fed to the LLM (L text tokens, P patches per image, N images, op
 Prefix positions attend (mask 1) but are never predicted (label IGNORE_INDEX); the LLM's own HF loss does the
 shift-by-one. `freeze_backbones(stage)` implements OpenVLA's four VLA training stages.
 
-An action head other than OpenVLA's tokens (`prismatic/models/action_heads.py`) adds its modules with
-`attach_action_modules`: an MLP that reads the LLM's last hidden states at the action positions (`action_head`) and
-a proprio projector (`proprio_projector`). With an `action_mask`, the forward pass is OpenVLA-OFT's parallel
-decoding: the masked positions' embeddings are zero, they attend to each other and to everything before them,
-nothing before them attends to them, and the output carries the predicted actions instead of logits.
+`attach_action_modules` adds what an action spec needs: the head's read-out module, if it has one
+(`prismatic/models/action_heads/`: an MLP that reads the LLM's last hidden states at the action positions,
+`action_head`), and a proprio projector (`proprio_projector`). With an `action_mask`, the forward pass is
+OpenVLA-OFT's parallel decoding: the masked positions' embeddings are zero, they attend to each other and to
+everything before them, nothing before them attends to them, and the output carries the predicted actions
+instead of logits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from prismatic.models.action_heads import ACTION_HEADS, HEAD_MODULES, ActionSpec, ProprioProjector
+from prismatic.models.action_heads.base import ProprioProjector
+from prismatic.models.action_heads.registry import ACTION_HEADS, ActionSpec
 from prismatic.models.backbones.llm.base_llm import LLMBackbone
 from prismatic.models.backbones.vision.base_vision import PixelValues, VisionBackbone
 from prismatic.models.projectors import build_projector
@@ -126,8 +128,9 @@ class PrismaticVLM(nn.Module):
         device = self.llm_backbone.llm.get_input_embeddings().weight.device
         llm_dim = self.llm_backbone.embed_dim
         with torch.device(device):
-            if spec.head in HEAD_MODULES:
-                self.action_head = HEAD_MODULES[spec.head](spec, llm_dim)
+            read_out = ACTION_HEADS.get_class(spec.head).build_module(spec, llm_dim)
+            if read_out is not None:
+                self.action_head = read_out
                 self.all_module_keys.append("action_head")
             if spec.proprio_dim:
                 self.proprio_projector = ProprioProjector(spec.proprio_dim, llm_dim)
@@ -142,7 +145,7 @@ class PrismaticVLM(nn.Module):
                 getattr(self, key).requires_grad_(True)
                 if key not in self.trainable_module_keys:
                     self.trainable_module_keys.append(key)
-        if not ACTION_HEADS[self.action_spec.head].uses_lm_head:
+        if not ACTION_HEADS.get_class(self.action_spec.head).uses_lm_head:
             self.llm_backbone.llm.get_output_embeddings().requires_grad_(False)
 
     def freeze_backbones(self, stage: str) -> None:

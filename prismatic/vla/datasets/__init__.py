@@ -1,7 +1,8 @@
 """VLA data: RLDS datasets -> tokenized, padded batches for action prediction.
 
-`RLDSDataset` (torch `IterableDataset` over the tf.data pipeline in `rlds/`), `RLDSBatchTransform` (frame ->
-prompt + action token ids + labels), `PaddedCollatorForActionPrediction`, `save_dataset_statistics`.
+`StreamSpec` (the one typed object that defines a rank's stream), `RLDSDataset` (torch `IterableDataset` over the
+tf.data pipeline in `rlds/`), `RLDSBatchTransform` (frame -> prompt + action token ids + labels),
+`PaddedCollatorForActionPrediction`, `save_dataset_statistics`.
 
 Names load on first use (PEP 562): importing the registries in `rlds/` (e.g. to refuse an unknown mixture before
 anything loads) does not pull in torch and transformers.
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from prismatic.vla.datasets.collator import PaddedCollatorForActionPrediction
     from prismatic.vla.datasets.datasets import RLDSDataset
     from prismatic.vla.datasets.rlds import build_toy_datasets, get_mixture, save_dataset_statistics
+    from prismatic.vla.datasets.stream_spec import StreamSpec
 
 _MODULE_OF = {
     "PaddedCollatorForActionPrediction": "prismatic.vla.datasets.collator",
@@ -25,12 +27,14 @@ _MODULE_OF = {
     "build_toy_datasets": "prismatic.vla.datasets.rlds",
     "get_mixture": "prismatic.vla.datasets.rlds",
     "save_dataset_statistics": "prismatic.vla.datasets.rlds",
+    "StreamSpec": "prismatic.vla.datasets.stream_spec",
 }
 
 __all__ = [
     "PaddedCollatorForActionPrediction",
     "RLDSBatchTransform",
     "RLDSDataset",
+    "StreamSpec",
     "build_toy_datasets",
     "get_mixture",
     "save_dataset_statistics",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 from PIL import Image
 from transformers import PreTrainedTokenizerBase
 
+from prismatic.models.action_heads.tokens import token_layout
 from prismatic.models.backbones.llm.prompting.base_prompter import PromptBuilder
 from prismatic.util.constants import IGNORE_INDEX
 from prismatic.util.errors import ConfigError
@@ -29,6 +31,8 @@ from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.prompt import action_prompt_ids
 
 ImageTransform = Callable[[Image.Image], torch.Tensor | dict[str, torch.Tensor]]
+# An action head's `layout`: (prompt ids, the frame's actions, EOS id) -> {"input_ids", "labels", ...}
+Layout = Callable[[list[int], np.ndarray, int], dict[str, torch.Tensor]]
 
 
 def _text(value: Any) -> str:
@@ -89,7 +93,7 @@ def fast_image_transform(image_transform: Any) -> _ArrayToNormalizedTensor | _Fu
     fused transform (`.transforms` dict) whose parts are all recognised. Anything else returns None (the
     caller keeps the PIL path).
     """
-    from torchvision import transforms as T
+    from torchvision import transforms as T  # lazy: ~1.3 s; a backbone transform has loaded it already
 
     parts = getattr(image_transform, "transforms", None)
     if isinstance(parts, Mapping):
@@ -138,10 +142,11 @@ class RLDSBatchTransform:
     """One standardised frame -> {"pixel_values", "input_ids", "labels", "dataset_name", "actions"} (+ "proprio",
     "action_mask" where the head or model needs them).
 
-    The text after the prompt is the action head's `layout` (default: OpenVLA's action tokens + EOS, labels on
-    them; the EOS label only when `predict_stop_token`). HF causal LMs shift labels inside `forward`, so labels
-    align with `input_ids` here. With several `views`, their pixel values are concatenated along the channel axis
-    (`[3N, H, W]`, per part for fused backbones), the layout `PrismaticVLM.prefix_embeddings` reads.
+    The text after the prompt is the action head's `layout` (default: the tokens head's, OpenVLA's action
+    tokens + EOS with labels on them); the EOS label only when `predict_stop_token`. HF causal LMs shift
+    labels inside `forward`, so labels align with `input_ids` here. With several `views`, their pixel values
+    are concatenated along the channel axis (`[3N, H, W]`, per part for fused backbones), the layout
+    `PrismaticVLM.prefix_embeddings` reads.
     """
 
     action_tokenizer: ActionTokenizer
@@ -150,13 +155,15 @@ class RLDSBatchTransform:
     prompt_builder_fn: type[PromptBuilder]
     predict_stop_token: bool = True
     use_fast_image_path: bool = True  # skip the PIL round trip where provably identical (module docstring)
-    layout: Callable[[list[int], np.ndarray, int], dict[str, torch.Tensor]] | None = None  # ActionHead.layout
+    layout: Layout | None = None  # the head's `ActionHead.layout`; None: the tokens head's
     views: tuple[str, ...] = ("primary",)  # camera views fed to the model, in order
     use_proprio: bool = False  # pass the frame's normalised proprio on as "proprio"
     _prefix_cache: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _fast_image: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = partial(token_layout, self.action_tokenizer)
         if self.use_fast_image_path:
             self._fast_image = fast_image_transform(self.image_transform)
 
@@ -194,15 +201,7 @@ class RLDSBatchTransform:
         instruction = _text(frame["task"]["language_instruction"])
         action = np.asarray(frame["action"], dtype=np.float32)
         prefix_ids = self._prefix_ids(instruction)
-        eos_id = self.base_tokenizer.eos_token_id
-        if self.layout is None:
-            action_ids = self.action_tokenizer.encode_to_ids(action).tolist()
-            input_ids = torch.tensor([*prefix_ids, *action_ids, eos_id], dtype=torch.long)
-            labels = torch.full_like(input_ids, IGNORE_INDEX)
-            labels[len(prefix_ids) :] = input_ids[len(prefix_ids) :]
-            text = {"input_ids": input_ids, "labels": labels}
-        else:
-            text = self.layout(prefix_ids, action, eos_id)
+        text = self.layout(prefix_ids, action, self.base_tokenizer.eos_token_id)
         if not self.predict_stop_token:
             text["labels"][-1] = IGNORE_INDEX
 

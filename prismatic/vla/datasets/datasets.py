@@ -1,11 +1,12 @@
 """`RLDSDataset`: the torch `IterableDataset` over one rank's tf.data pipeline (`rlds/`), with resumable position.
 
-Iterate it with a `DataLoader` with `num_workers=0` (the pipeline parallelises internally, and copies in worker
+Built from one `StreamSpec` (`stream_spec.py`), which names everything that defines the stream. Iterate it with a
+`DataLoader` with `num_workers=0` (the pipeline parallelises internally, and copies in worker
 processes would repeat one stream). Each frame goes through a batch transform (`batch_transform.py`).
 
 Resume: `frames_consumed` counts the frames the current iterator has yielded. `save_stream_state(dir)` writes the
 rank's position without disturbing the live stream: a checkpoint of the tf.data iterator (readers' positions,
-shuffle buffer, in-flight frames; see `rlds/dataset.py`) plus the frames of the last fetched group not yet
+shuffle buffer, in-flight frames; see `rlds/interleave.py`) plus the frames of the last fetched group not yet
 yielded (frames leave tf.data in groups of `FRAMES_PER_FETCH`), keyed by a fingerprint of everything that
 defines the stream. `resume_from(n, dir)` restores that snapshot when it matches (time independent of n), and
 otherwise falls back to skipping n frames (time linear in n).
@@ -15,19 +16,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from prismatic.conf.data import DataOptions
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import atomic_write, write_text_atomic
 from prismatic.util.tf import import_tensorflow
-from prismatic.vla.datasets.rlds.dataset import make_interleaved_dataset, tfrecord_errors
+from prismatic.vla.datasets.rlds.discovery import tfrecord_errors
+from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
+from prismatic.vla.datasets.stream_spec import StreamSpec
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +56,8 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]
     return flat
 
 
-def _save_frames(path: Path, group: Mapping[str, Any], start: int) -> None:
-    """Write frames `start:` of a fetched group to `path` (.npz, no pickle); strings as bytes + lengths."""
+def _save_frames(file: IO[bytes], group: Mapping[str, Any], start: int) -> None:
+    """Write frames `start:` of a fetched group to `file` (.npz, no pickle); strings as bytes + lengths."""
     arrays = {}
     for key, value in _flatten(group).items():
         rest = np.asarray(value[start:])
@@ -65,8 +67,7 @@ def _save_frames(path: Path, group: Mapping[str, Any], start: int) -> None:
             arrays[f"{key}:lengths"] = np.array([len(b) for b in items], np.int64).reshape(rest.shape)
         else:
             arrays[key] = rest
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
+    np.savez(file, **arrays)
 
 
 def _load_frames(path: Path) -> dict[str, Any]:
@@ -92,16 +93,6 @@ def _load_frames(path: Path) -> dict[str, Any]:
                 node = node.setdefault(parent, {})
             node[leaf] = value
     return group
-
-
-def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` then rename onto `path`, so a crash never leaves a partial file under `path`'s name."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @dataclass
@@ -131,60 +122,22 @@ class _Stream:
 class RLDSDataset(IterableDataset):
     """Infinite (train) or single-pass (val) stream of transformed frames for one rank.
 
-    Deterministic for (seed, rank, world_size): every `iter()` restarts the same stream at `start_sample` (or at
-    the frame given to `resume_from`). `len()` is OpenVLA's dataset length, one mixture epoch across all ranks
-    (`RLDSPipeline.dataset_length`: the summed transitions when every weight is 1.0). `dataset_statistics` holds every dataset's statistics in
-    OpenVLA's layout (save it with `save_dataset_statistics`; inference needs it to un-normalise actions).
+    Deterministic for `spec` (seed, rank, world_size, ...): every `iter()` restarts the same stream at
+    `spec.start_sample` (or at the frame given to `resume_from`). `len()` is OpenVLA's dataset length, one mixture
+    epoch across all ranks (`RLDSPipeline.dataset_length`: the summed transitions when every weight is 1.0).
+    `dataset_statistics` holds every dataset's statistics in OpenVLA's layout (save it with
+    `save_dataset_statistics`; inference needs it to un-normalise actions).
+
+    Args:
+        spec: everything that defines the stream (`StreamSpec`); kept as `self.spec`.
+        batch_transform: raw frame -> what the loader yields (`RLDSBatchTransform` for training).
     """
 
-    def __init__(
-        self,
-        data_root_dir: Path,
-        data_mix: str,
-        batch_transform: Callable[[dict[str, Any]], dict[str, Any]],
-        resize_resolution: tuple[int, int],
-        shuffle_buffer_size: int,
-        *,
-        train: bool = True,
-        image_aug: bool = False,
-        seed: int = 7,
-        rank: int = 0,
-        world_size: int = 1,
-        start_sample: int = 0,
-        skip_missing_datasets: bool = False,
-        shuffle_buffer_ram_gb: float | None = None,
-        window_size: int = 1,
-        future_action_window_size: int = 0,
-        keep_raw_action: bool = False,
-        options: DataOptions | None = None,
-        image_views: tuple[str, ...] = ("primary",),
-    ) -> None:
-        self.data_root_dir, self.data_mix, self.batch_transform = (
-            Path(data_root_dir),
-            data_mix,
-            batch_transform,
-        )
-        self.train, self.seed, self.rank, self.world_size = train, seed, rank, world_size
-        pipeline = make_interleaved_dataset(
-            self.data_root_dir,
-            data_mix,
-            resize_resolution=tuple(resize_resolution),
-            shuffle_buffer_size=shuffle_buffer_size,
-            train=train,
-            image_aug=image_aug,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            start_sample=start_sample,
-            skip_missing_datasets=skip_missing_datasets,
-            shuffle_buffer_ram_gb=shuffle_buffer_ram_gb,
-            window_size=window_size,
-            future_action_window_size=future_action_window_size,
-            keep_raw_action=keep_raw_action,
-            options=options,
-            image_views=image_views,
-        )
-        self.options = options or DataOptions()
+    def __init__(self, spec: StreamSpec, batch_transform: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.spec, self.batch_transform = spec, batch_transform
+        self.data_root_dir, self.data_mix, self.options = spec.data_root_dir, spec.data_mix, spec.options
+        self.train, self.seed, self.rank, self.world_size = spec.train, spec.seed, spec.rank, spec.world_size
+        pipeline = make_interleaved_dataset(spec)
         self.dataset = pipeline.dataset
         self.dataset_statistics = pipeline.dataset_statistics
         self.sample_weights = pipeline.sample_weights
@@ -193,8 +146,8 @@ class RLDSDataset(IterableDataset):
         self.shuffle_buffer_gb = pipeline.shuffle_buffer_gb
         self.dataset_dirs = pipeline.dataset_dirs
         self._from_sample = pipeline.from_sample
-        self._start_sample = start_sample
-        self._datasets = {start_sample: pipeline.dataset}
+        self._start_sample = spec.start_sample
+        self._datasets = {spec.start_sample: pipeline.dataset}
         # The latest iterator's position, kept (with its tf.data iterator) after its consumer drops it, so that a
         # trainer whose loop has ended can still save it.
         self._stream: _Stream | None = None
@@ -203,20 +156,20 @@ class RLDSDataset(IterableDataset):
         self._fingerprint = json.loads(
             json.dumps(
                 {
-                    "data_mix": data_mix,
+                    "data_mix": spec.data_mix,
                     "datasets": [f"{d.parent.name}/{d.name}" for d in pipeline.dataset_dirs],
                     "num_transitions": pipeline.num_transitions,
-                    "seed": seed,
-                    "rank": rank,
-                    "world_size": world_size,
-                    "train": train,
-                    "shuffle_buffer_size": shuffle_buffer_size if train else None,
-                    "resize_resolution": list(resize_resolution),
-                    "image_aug": bool(image_aug and train),
-                    "window_size": window_size,
-                    "future_action_window_size": future_action_window_size,
-                    "data_options": (options or DataOptions()).to_dict(),
-                    "keep_raw_action": keep_raw_action,
+                    "seed": spec.seed,
+                    "rank": spec.rank,
+                    "world_size": spec.world_size,
+                    "train": spec.train,
+                    "shuffle_buffer_size": spec.shuffle_buffer_size if spec.train else None,
+                    "resize_resolution": list(spec.resize_resolution),
+                    "image_aug": bool(spec.image_aug and spec.train),
+                    "window_size": spec.window_size,
+                    "future_action_window_size": spec.future_action_window_size,
+                    "data_options": spec.options.to_dict(),
+                    "keep_raw_action": spec.keep_raw_action,
                     "image_views": list(pipeline.image_views),
                     "frames_per_fetch": FRAMES_PER_FETCH,
                 }
@@ -285,8 +238,8 @@ class RLDSDataset(IterableDataset):
         leftover = 0
         if stream.group is not None and stream.next_index < len(stream.group["action"]):
             leftover = len(stream.group["action"]) - stream.next_index
-            frames_path = directory / f"{stem}.frames.npz"
-            _replace_atomically(frames_path, lambda tmp: _save_frames(tmp, stream.group, stream.next_index))
+            with atomic_write(directory / f"{stem}.frames.npz", "data stream state") as f:
+                _save_frames(f, stream.group, stream.next_index)
         meta = {
             "format": STREAM_STATE_FORMAT,
             "fingerprint": self._fingerprint,
@@ -298,7 +251,7 @@ class RLDSDataset(IterableDataset):
             },
             "tensorflow": tf.__version__,
         }
-        _replace_atomically(meta_path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
+        write_text_atomic(meta_path, json.dumps(meta, indent=1), "data stream state")
 
     def resume_from(self, frames: int, directory: Path | None) -> str:
         """Make the next `iter()` start at frame `frames` of this rank's stream; call before iterating.

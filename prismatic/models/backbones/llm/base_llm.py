@@ -23,7 +23,6 @@ class LLMBackbone(nn.Module, ABC):
         super().__init__()
         self.identifier = identifier
 
-    @abstractmethod
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -33,6 +32,13 @@ class LLMBackbone(nn.Module, ABC):
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """Run the LM; with `labels`, the output carries the (shifted, IGNORE_INDEX-masked) cross-entropy loss."""
+        return self.llm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            labels=labels,
+            **kwargs,
+        )
 
     @abstractmethod
     def last_hidden_state(self, inputs_embeds: torch.Tensor, attention_mask_4d: torch.Tensor) -> torch.Tensor:

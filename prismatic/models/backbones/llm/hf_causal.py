@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
+from tokenizers import processors
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -26,11 +26,11 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from prismatic.models.backbones.llm.base_llm import LLMBackbone
 from prismatic.models.backbones.llm.prompting import PromptBuilder
 from prismatic.models.backbones.llm.registry import LLMBackboneSpec
+from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
 from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -49,8 +49,6 @@ def _unavailable(identifier: str, spec: LLMBackboneSpec, err: Exception) -> Conf
 
 def prepend_bos(tokenizer: PreTrainedTokenizerBase, bos_token: str) -> None:
     """Make a fast tokenizer prepend `bos_token` on encode (Phi-2 and Qwen2.5 tokenizers prepend nothing)."""
-    from tokenizers import processors
-
     bos_id = tokenizer.convert_tokens_to_ids(bos_token)
     if bos_id is None or bos_id == tokenizer.unk_token_id:
         raise ValueError(f"BOS token {bos_token!r} is not in the tokenizer's vocabulary.")
@@ -104,8 +102,6 @@ def _load_tokenizer(
     if tokenizer_dir is not None:
         tokenizer = load_tokenizer_dir(tokenizer_dir, llm_config)
     elif spec.tokenizer_source == "tiny":
-        from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
-
         tokenizer = load_tiny_tokenizer()
     else:
         try:
@@ -181,22 +177,6 @@ class HFCausalLLMBackbone(LLMBackbone):
         # mean_resizing=False: new rows get the model's normal init, as in the transformers Prismatic used.
         self.llm.resize_token_embeddings(
             len(self.tokenizer), pad_to_multiple_of=EMBEDDING_MULTIPLE, mean_resizing=False
-        )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
-        return self.llm(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            labels=labels,
-            **kwargs,
         )
 
     def last_hidden_state(self, inputs_embeds: torch.Tensor, attention_mask_4d: torch.Tensor) -> torch.Tensor:

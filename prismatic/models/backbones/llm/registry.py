@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prismatic.models.backbones.llm.prompting import (
@@ -21,11 +22,10 @@ from prismatic.models.backbones.llm.prompting import (
     Qwen25ChatPromptBuilder,
     VicunaV15ChatPromptBuilder,
 )
-from prismatic.util.errors import ConfigError, lookup
+from prismatic.models.registry import SpecRegistry
+from prismatic.util.errors import ConfigError
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
+if TYPE_CHECKING:  # annotations only: this registry is plain data, read before torch loads
     from transformers import PretrainedConfig
 
     from prismatic.models.backbones.llm.hf_causal import HFCausalLLMBackbone
@@ -132,7 +132,7 @@ _QWEN25_05B = {
 }
 
 # fmt: off
-LLM_BACKBONES: dict[str, LLMBackboneSpec] = {
+LLM_BACKBONES: SpecRegistry[LLMBackboneSpec] = SpecRegistry("LLM backbone", {
     # === Tiny (random init): Llama architecture, 2 layers, width 64 ===
     "tiny-llama": LLMBackboneSpec(
         "llama2", PurePromptBuilder,
@@ -184,24 +184,13 @@ LLM_BACKBONES: dict[str, LLMBackboneSpec] = {
         "qwen2", Qwen25ChatPromptBuilder, "Qwen/Qwen2.5-0.5B-Instruct", model_type="qwen2",
         bos_token="<|endoftext|>", arch=_QWEN25_05B,
     ),
-}
+})
 # fmt: on
 
 
-def register_llm_backbone(llm_backbone_id: str, spec: LLMBackboneSpec, *, replace: bool = False) -> None:
-    """Add an LLM backbone to the registry (the public path for new families; see docs/adding_a_model.md).
-
-    Raises:
-        ConfigError: `llm_backbone_id` is already registered (pass `replace=True` to override it on purpose).
-    """
-    if llm_backbone_id in LLM_BACKBONES and not replace:
-        raise ConfigError(f"LLM backbone '{llm_backbone_id}' is already registered; pick another id.")
-    LLM_BACKBONES[llm_backbone_id] = spec
-
-
-def get_llm_backbone_spec(llm_backbone_id: str) -> LLMBackboneSpec:
-    """Look up an LLM backbone id, raising a did-you-mean `ConfigError` when unknown."""
-    return lookup(LLM_BACKBONES, llm_backbone_id, "LLM backbone")
+# The public paths for new LLM backbones (docs/adding_a_model.md); an unknown id gets a did-you-mean ConfigError.
+register_llm_backbone = LLM_BACKBONES.register
+get_llm_backbone_spec = LLM_BACKBONES.get_spec
 
 
 def build_llm_backbone(
@@ -235,6 +224,7 @@ def build_llm_backbone(
     if config is not None:
         pretrained = False
 
+    # lazy: transformers and torch load on the first build, not with this plain-data registry
     from prismatic.models.backbones.llm.hf_causal import HFCausalLLMBackbone
 
     return HFCausalLLMBackbone(

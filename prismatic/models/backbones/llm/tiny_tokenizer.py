@@ -13,6 +13,7 @@ import itertools
 import json
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 TINY_TOKENIZER_PATH = Path(__file__).with_name("tiny_tokenizer.json")
@@ -44,8 +45,6 @@ def _corpus() -> list[str]:
 
 def build_tiny_tokenizer_json() -> str:
     """Train the byte-level BPE and return its `tokenizer.json` text (same text on every run)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from prismatic.util.errors import ConfigError, did_you_mean, lookup
+from prismatic.models.registry import SpecRegistry
+from prismatic.util.errors import ConfigError, did_you_mean
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: this registry is plain data, read before torch loads
     from prismatic.models.backbones.vision.base_vision import VisionBackbone
 
 
@@ -78,7 +79,7 @@ _SIGLIP_SO_384 = ViTSpec("vit_so400m_patch14_siglip_384.webli", 384)
 _QUICK_GELU = {"act_layer": "quick_gelu"}
 
 # fmt: off
-VISION_BACKBONES: dict[str, VisionBackboneSpec] = {
+VISION_BACKBONES: SpecRegistry[VisionBackboneSpec] = SpecRegistry("vision backbone", {
     # === Tiny (random init, CPU tests and smoke runs): 16 patches each ===
     "tiny-vit-64px": SingleViTSpec(
         ViTSpec("vit_base_patch16_224", 64, {"embed_dim": 48, "depth": 3, "num_heads": 3}),
@@ -108,26 +109,13 @@ VISION_BACKBONES: dict[str, VisionBackboneSpec] = {
     "dinoclip-vit-l-336px": FusedViTSpec(
         {"dino": _DINOV2_L_336, "clip": ViTSpec("vit_large_patch14_clip_336.openai", 336, _QUICK_GELU)}
     ),
-}
+})
 # fmt: on
 
 
-def register_vision_backbone(
-    vision_backbone_id: str, spec: VisionBackboneSpec, *, replace: bool = False
-) -> None:
-    """Add a vision backbone to the registry (the public path for new backbones; see docs/adding_a_model.md).
-
-    Raises:
-        ConfigError: `vision_backbone_id` is already registered (pass `replace=True` to override it on purpose).
-    """
-    if vision_backbone_id in VISION_BACKBONES and not replace:
-        raise ConfigError(f"Vision backbone '{vision_backbone_id}' is already registered; pick another id.")
-    VISION_BACKBONES[vision_backbone_id] = spec
-
-
-def get_vision_backbone_spec(vision_backbone_id: str) -> VisionBackboneSpec:
-    """Look up a vision backbone id, raising a did-you-mean `ConfigError` when unknown."""
-    return lookup(VISION_BACKBONES, vision_backbone_id, "vision backbone")
+# The public paths for new vision backbones (docs/adding_a_model.md); an unknown id gets a did-you-mean ConfigError.
+register_vision_backbone = VISION_BACKBONES.register
+get_vision_backbone_spec = VISION_BACKBONES.get_spec
 
 
 def build_vision_backbone(
@@ -159,6 +147,7 @@ def build_vision_backbone(
             f"Vision backbone '{vision_backbone_id}' is a random-init preset with no pretrained weights."
         )
 
+    # lazy: timm and torch load on the first build, not with this plain-data registry
     if isinstance(spec, FusedViTSpec):
         from prismatic.models.backbones.vision.fused_vit import FusedViTBackbone
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torchvision.transforms.functional as TVF
 from PIL.Image import Image
+from timm.data import create_transform, resolve_model_data_config
 from torchvision.transforms import Compose
 
 from prismatic.models.backbones.vision.registry import check_resize_strategy
@@ -48,8 +49,6 @@ def timm_data_config(vit: torch.nn.Module, image_size: int) -> dict[str, Any]:
     `crop_pct` is forced to 1.0: SigLIP / IN1K configs resize to size / 0.9 and then crop, which loses the border;
     Prismatic patched their transforms to resize to the target size instead, and 1.0 is exactly that.
     """
-    from timm.data import resolve_model_data_config
-
     data_cfg = resolve_model_data_config(vit)
     data_cfg["input_size"] = (3, image_size, image_size)
     data_cfg["crop_pct"] = 1.0
@@ -62,8 +61,6 @@ def build_image_transform(data_cfg: Mapping[str, Any], image_resize_strategy: st
     Raises:
         ConfigError: unknown strategy.
     """
-    from timm.data import create_transform
-
     check_resize_strategy(image_resize_strategy)
     if image_resize_strategy == "resize-naive":
         # "squash" resizes both edges to the target, which with crop_pct 1.0 makes the centre crop a no-op.

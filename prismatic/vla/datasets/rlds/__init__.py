@@ -1,5 +1,9 @@
 """RLDS data: dataset / mixture / standardisation registries, statistics, the tf.data pipeline, toy datasets.
 
+The pipeline, one module per job: `discovery` (folders, builders, splits, mixture members) -> `trajectories`
+(read + standardise) -> `reading` (the statistics pass; the public read API) -> `filters` / `chunking` ->
+`buffer` (shuffle-buffer RAM) -> `images` (decode, resize, augment) -> `interleave` (`make_interleaved_dataset`).
+
 Nothing here imports TensorFlow at import time; the functions that need it call `import_tensorflow()`.
 """
 
@@ -12,13 +16,8 @@ from prismatic.vla.datasets.rlds.configs import (
     get_dataset_config,
     register_dataset,
 )
-from prismatic.vla.datasets.rlds.dataset import (
-    RLDSPipeline,
-    find_dataset_dir,
-    make_interleaved_dataset,
-    mixture_statistics,
-    resolve_mixture_dirs,
-)
+from prismatic.vla.datasets.rlds.discovery import find_dataset_dir, resolve_mixture_dirs
+from prismatic.vla.datasets.rlds.interleave import RLDSPipeline, make_interleaved_dataset
 from prismatic.vla.datasets.rlds.mixtures import (
     MIXTURES,
     balance_sample_weights,
@@ -26,6 +25,7 @@ from prismatic.vla.datasets.rlds.mixtures import (
     register_mixture,
 )
 from prismatic.vla.datasets.rlds.normalization import normalize_np, normalize_tf, unnormalize_np
+from prismatic.vla.datasets.rlds.reading import mixture_statistics
 from prismatic.vla.datasets.rlds.statistics import save_dataset_statistics
 from prismatic.vla.datasets.rlds.toy import TOY_DATASET_NAMES, build_toy_datasets
 from prismatic.vla.datasets.rlds.transforms import (

@@ -210,6 +210,16 @@ register_dataset(  # Bridge V2 under its tfds name `bridge_dataset` (same layout
 )
 
 _E, _Q, _J, _N = StateEncoding.POS_EULER, StateEncoding.POS_QUAT, StateEncoding.JOINT, StateEncoding.NONE
+# Fine-tuning datasets that also get a one-dataset mixture of their own (`mixtures.py`).
+TDROID_DATASETS = (
+    "tdroid_carrot_in_bowl",
+    "tdroid_pour_corn_in_pot",
+    "tdroid_flip_pot_upright",
+    "tdroid_move_object_onto_plate",
+    "tdroid_knock_object_over",
+    "tdroid_cover_object_with_towel",
+)
+LIBERO_SUITES = ("spatial", "object", "goal", "10")
 _EEF_GRIP = ("eef_state", None, "gripper_state")  # the most common state layout: EEF (6) + pad + gripper
 _NO_STATE = (None,) * 8
 
@@ -536,14 +546,7 @@ _OXE_TABLE: tuple[tuple, ...] = (
             "tdroid",
             {"depth": ("static_depth_image", None, None)},
         )
-        for name in (
-            "tdroid_carrot_in_bowl",
-            "tdroid_pour_corn_in_pot",
-            "tdroid_flip_pot_upright",
-            "tdroid_move_object_onto_plate",
-            "tdroid_knock_object_over",
-            "tdroid_cover_object_with_towel",
-        )
+        for name in TDROID_DATASETS
     ),
     ("droid_wipe", ("exterior_image_2_left", None, "wrist_image_left"), ("proprio",), _E, "droid_finetuning"),
     # LIBERO (OpenVLA's re-rendered, no-op-filtered versions)
@@ -555,7 +558,7 @@ _OXE_TABLE: tuple[tuple, ...] = (
             _E,
             "libero",
         )
-        for suite in ("spatial", "object", "goal", "10")
+        for suite in LIBERO_SUITES
     ),
 )
 

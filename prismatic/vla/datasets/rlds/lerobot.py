@@ -47,7 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from PIL import Image, UnidentifiedImageError
 
 from prismatic.util.errors import ConfigError, did_you_mean
 
@@ -268,8 +273,6 @@ class LeRobotSource:
         return refs
 
     def _read_v30_episodes(self) -> list[EpisodeRef]:
-        import pyarrow.parquet as pq
-
         folder = self.root / V30_EPISODES_DIR
         files = sorted(folder.glob("*/*.parquet"))
         if not files:
@@ -393,8 +396,6 @@ class LeRobotSource:
         return {"images": images, "state": state, "action": action, "instruction": instruction}
 
     def _read_rows(self, ref: EpisodeRef, columns: list[str], where: str) -> Any:
-        import pyarrow.parquet as pq
-
         present = pq.read_schema(ref.data_file).names
         missing = [c for c in [*columns, "episode_index"] if c not in present]
         if missing:
@@ -451,9 +452,6 @@ def _require(rows: list[dict[str, Any]], path: Path, *keys: str) -> list[dict[st
 
 
 def _read_parquet(path: Path, *, what: str, columns: list[str] | None = None, filters: Any = None) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if not path.is_file():
         raise ConfigError(f"LeRobot dataset file '{path}' ({what}) is missing; download the dataset in full.")
     try:
@@ -466,9 +464,6 @@ def _read_parquet(path: Path, *, what: str, columns: list[str] | None = None, fi
 
 def _vector_column(table: Any, key: str, width: int, where: str) -> np.ndarray:
     """float32[T, width] from a column of fixed-width number lists (or plain numbers when width is 1)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     column = table.column(key).combine_chunks()
     if column.null_count:
         raise ConfigError(f"{where}: column '{key}' has empty (null) entries.")
@@ -500,8 +495,6 @@ def _vector_column(table: Any, key: str, width: int, where: str) -> np.ndarray:
 
 
 def _is_number_type(arrow_type: Any) -> bool:
-    import pyarrow as pa
-
     return (
         pa.types.is_floating(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type)
     )
@@ -509,8 +502,6 @@ def _is_number_type(arrow_type: Any) -> bool:
 
 def _decode_image_column(table: Any, key: str, root: Path, where: str) -> np.ndarray:
     """uint8[T, H, W, 3] from an "image" feature's column: per row {bytes, path} (PNG / JPEG) or raw bytes."""
-    from PIL import Image, UnidentifiedImageError
-
     frames = []
     for step, value in enumerate(table.column(key).to_pylist()):
         data = value.get("bytes") if isinstance(value, dict) else value
@@ -540,8 +531,6 @@ def decode_video_frames(path: Path, times_s: np.ndarray, fps: float, what: str) 
     Raises:
         ConfigError: the file cannot be decoded, or a frame asked for is not in it (naming `what` and the times).
     """
-    import av
-
     wanted = np.rint(np.asarray(times_s, np.float64) * fps).astype(np.int64)
     needed = set(wanted.tolist())
     first, last = int(wanted.min()), int(wanted.max())

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from prismatic.util.errors import lookup
-from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS
+from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS, LIBERO_SUITES, TDROID_DATASETS
 
 MixtureSpec = list[tuple[str, float]]
 
@@ -149,21 +149,7 @@ register_mixture(  # no language_table, no droid, RT-1 at full weight
 )
 
 # === Single-dataset fine-tuning mixtures (T-DROID, DROID wipe, LIBERO) ===
-for _name in (
-    "tdroid_carrot_in_bowl",
-    "tdroid_pour_corn_in_pot",
-    "tdroid_flip_pot_upright",
-    "tdroid_move_object_onto_plate",
-    "tdroid_knock_object_over",
-    "tdroid_cover_object_with_towel",
-    "droid_wipe",
-    "libero_spatial_no_noops",
-    "libero_object_no_noops",
-    "libero_goal_no_noops",
-    "libero_10_no_noops",
-):
+_LIBERO = [f"libero_{suite}_no_noops" for suite in LIBERO_SUITES]
+for _name in (*TDROID_DATASETS, "droid_wipe", *_LIBERO):
     register_mixture(_name, [(_name, 1.0)])
-register_mixture(
-    "libero_mix",
-    [(f"libero_{suite}_no_noops", 1.0) for suite in ("spatial", "object", "goal", "10")],
-)
+register_mixture("libero_mix", [(name, 1.0) for name in _LIBERO])

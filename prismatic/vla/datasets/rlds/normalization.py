@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from prismatic.util.tf import import_tensorflow
 from prismatic.vla.datasets.rlds.configs import NormalizationType
@@ -83,10 +84,12 @@ def unnormalize_np(
     stats: Mapping[str, Sequence[float]],
     norm_type: NormalizationType,
     mask: Sequence[bool] | None = None,
+    dtype: DTypeLike = np.float32,
 ) -> np.ndarray:
     """Inverse of `normalize_np` up to clipping and rounding (float64 internally): model space -> robot units.
 
-    For BOUNDS_Q99 this is OpenVLA's `predict_action` un-normalisation, `0.5 * (a + 1) * (q99 - q01) + q01`.
+    For BOUNDS_Q99 this is OpenVLA's `predict_action` un-normalisation, `0.5 * (a + 1) * (q99 - q01) + q01`. The
+    result is cast to `dtype`: float32 for the data side, float64 for the policy (OpenVLA returns float64 actions).
     """
     x = np.asarray(x, np.float64)
     mask_arr = _mask(mask, x.shape[-1])
@@ -96,7 +99,7 @@ def unnormalize_np(
         low_key, high_key = ("q01", "q99") if norm_type is NormalizationType.BOUNDS_Q99 else ("min", "max")
         low, high = np.asarray(stats[low_key], np.float64), np.asarray(stats[high_key], np.float64)
         out = 0.5 * (x + 1) * (high - low) + low
-    return np.where(mask_arr, out, x).astype(np.float32)
+    return np.where(mask_arr, out, x).astype(dtype)
 
 
 def normalize_tf(

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from prismatic.util.tf import import_tensorflow
+from prismatic.vla.datasets.rlds.discovery import import_tfds
 from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags
 
 TOY_VERSION = "1.0.0"
@@ -222,8 +222,7 @@ def _builder_classes() -> dict[str, type]:
 
     `skip_registration=True` keeps them out of tfds's global name registry: no side effects, no clashes.
     """
-    import_tensorflow()
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
     class ToyRLDSBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version(TOY_VERSION)
@@ -269,8 +268,7 @@ def build_toy_datasets(data_root_dir: Path, seed: int = 0) -> list[str]:
     A dataset counts as present when `<data_root_dir>/<name>/<version>/dataset_info.json` exists; tfds writes
     into a temporary folder and renames it when done, so an interrupted build leaves nothing half-written.
     """
-    import_tensorflow()
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
     data_root_dir = Path(data_root_dir)
     data_root_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,9 @@ import numpy as np
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import check_dir_writable, make_dirs, write_error
 from prismatic.util.tf import import_tensorflow
+from prismatic.vla.datasets.rlds.discovery import import_tfds
 
+IF_EXISTS_CHOICES = ("keep", "replace", "refuse")
 Episode = dict[str, Any]  # {"steps": [step dict, ...], "episode_metadata": {...}} (plus any episode fields)
 
 
@@ -61,8 +63,7 @@ def write_rlds_dataset(
     version: str = "1.0.0",
     num_shards: int = 1,
     description: str = "",
-    overwrite: bool = False,
-    keep_existing: bool = True,
+    if_exists: str = "keep",
 ) -> Path:
     """Write `<data_root_dir>/<name>/<version>/` (tfrecord shards + dataset_info.json); return that folder.
 
@@ -72,21 +73,24 @@ def write_rlds_dataset(
         splits: split name -> a callable returning that split's episodes (generated lazily, so a large
             conversion streams instead of holding every episode in memory).
         num_shards: tfrecord files per split.
-        overwrite: replace an existing version folder (only once the new one is complete).
-        keep_existing: without `overwrite`, return an existing version folder as is (tests, benchmarks: build
-            once); False refuses it (a user's conversion must not report old data as written).
+        if_exists: what to do when the version folder already holds a dataset: "keep" returns it as is (tests,
+            benchmarks: build once); "replace" writes a new one in its place (only once the new one is complete);
+            "refuse" raises (a user's conversion must not report old data as written).
 
     Raises:
-        ConfigError: the version folder exists and neither `overwrite` nor `keep_existing` is set; or the folder
-            cannot be written (a file in its path, read-only or full disk); the target is then unchanged.
+        ConfigError: the version folder exists and `if_exists` is "refuse"; or the folder cannot be written (a
+            file in its path, read-only or full disk); the target is then unchanged.
+        ValueError: `if_exists` is not one of `IF_EXISTS_CHOICES`.
     """
     tf = import_tensorflow()
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
+    if if_exists not in IF_EXISTS_CHOICES:
+        raise ValueError(f"if_exists must be one of {', '.join(IF_EXISTS_CHOICES)}, got {if_exists!r}.")
     data_root_dir = Path(data_root_dir)
     target = data_root_dir / name / version
-    if (target / "dataset_info.json").exists() and not overwrite:
-        if keep_existing:
+    if (target / "dataset_info.json").exists() and if_exists != "replace":
+        if if_exists == "keep":
             return target
         raise ConfigError(
             f"'{target}' already holds an RLDS dataset. Pass --overwrite to replace it (the old one is kept until "

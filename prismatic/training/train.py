@@ -1,0 +1,150 @@
+"""`train(cfg)`: one training run as a list of set-up steps, each a builder in the room it belongs to, then the loop.
+
+Read top to bottom: processes and run folder (new run or resume, decided once by `RunFolder`), the model, the
+mixture's statistics, the action head they decide, the data stream, the strategy (FSDP2 / DDP), the checkpointer
+(which owns everything a checkpoint holds and restores it), the run's files, evaluation and trackers, the loop
+(`trainer.train_loop`), and the finish. `vla_scripts/train.py` parses and checks the flags, then calls this.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from prismatic.conf.train import TrainConfig
+from prismatic.models.builders import attach_action_head, build_vlm
+from prismatic.models.hf_openvla import export_hf_openvla
+from prismatic.models.loading import load_vla, spec_of
+from prismatic.training.checkpointing import build_checkpointer
+from prismatic.training.metrics import StepMetrics
+from prismatic.training.preemption import Preempted, PreemptionHandler, exit_code
+from prismatic.training.run_folder import RunFolder, check_resume_before_end, config_to_dict
+from prismatic.training.strategies import get_train_strategy
+from prismatic.training.trackers import TrackerRun, build_trackers, read_metrics
+from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
+from prismatic.training.validation import build_validation
+from prismatic.util.dist import destroy_distributed, init_distributed
+from prismatic.util.files import check_dir_writable
+from prismatic.util.logging import setup_logging
+from prismatic.vla.datasets import save_dataset_statistics
+from prismatic.vla.datasets.builders import build_statistics, build_train_data
+
+logger = logging.getLogger(__name__)
+
+
+def train(cfg: TrainConfig) -> dict[str, float] | int:
+    """Set up, load, loop, finish. Returns the last step's metrics (every rank), or the exit code after a
+    preemption checkpoint. Collective: every torchrun worker calls it."""
+    dist_info = init_distributed()
+    setup_logging(dist_info.rank)
+    cfg.validate(dist_info.world_size)
+    run = RunFolder.of(cfg, dist_info.num_nodes)
+    check_dir_writable(
+        run.path, "run folder (--run_root_dir / --run_id)"
+    )  # now, not after minutes of loading
+    resume = run.start(cfg, dist_info.world_size, dist_info.is_main)
+    dist.barrier()
+    logger.info(
+        "Run %s -> %s (world size %d, stage %s)", run.run_id, run.path, dist_info.world_size, cfg.vla.stage
+    )
+    seed_everything(cfg.seed)  # the same on every rank: identical initial weights; data order differs by rank
+
+    vlm = build_vlm(cfg.vla, cfg.resolve_hf_token())
+    head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info))
+    data = build_train_data(cfg, vlm, head, dist_info)
+    check_resume_before_end(resume, data.num_training_steps)
+    strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
+    strategy.setup(data.num_training_steps)
+    checkpointer = build_checkpointer(cfg, run, strategy, data.dataset, resume)
+    checkpointer.restore(resume, cfg.pretrained_checkpoint, strategy.model)
+    if dist_info.is_main:
+        run.write_run_files(cfg, resume, head.spec.to_dict())
+        save_dataset_statistics(data.dataset.dataset_statistics, run.path)
+    dist.barrier()
+
+    start_step = checkpointer.counters["step"]
+    validate = build_validation(cfg, data, head, strategy)
+    tracked = TrackerRun(
+        run.path,
+        run.run_id,
+        config_to_dict(cfg),
+        resume_step=start_step if resume is not None else None,
+        wandb_project=cfg.wandb_project,
+        wandb_entity=cfg.wandb_entity,
+    )
+    trackers = build_trackers(cfg.trackers, tracked) if dist_info.is_main else []
+    metrics = StepMetrics(sorted(data.dataset.dataset_statistics), head, dist_info.device)
+    plan = LoopPlan(
+        start_step=start_step,
+        num_training_steps=data.num_training_steps,
+        steps_per_epoch=data.steps_per_epoch,
+        global_batch_size=cfg.vla.global_batch_size,
+        eval_interval=cfg.eval.interval,
+        show_progress=dist_info.is_main,
+    )
+    try:
+        with PreemptionHandler() as preemption:
+            logger.info(
+                "Training steps %d to %d (SIGTERM or Ctrl-C: finish the step, save a checkpoint, exit)",
+                start_step + 1,
+                data.num_training_steps,
+            )
+            hooks = LoopHooks(trackers, checkpointer, preemption, validate)
+            last = train_loop(strategy, head, iter(data.loader), metrics, plan, checkpointer.counters, hooks)
+    except Preempted as stop:
+        logger.warning(
+            "Stopped by %s after step %d; checkpoint %s saved. Continue with the same command plus --resume.",
+            signal.Signals(stop.signum).name,
+            stop.step,
+            checkpointer.last_saved,
+        )
+        destroy_distributed()
+        return exit_code(stop.signum)
+    finally:
+        for tracker in trackers:
+            tracker.finish()
+
+    if cfg.checkpoint.export_final:
+        export_final(checkpointer.last_saved, run.path, dist_info.is_main)
+    if dist_info.is_main:
+        log_summary(run, data.num_training_steps, last)
+    destroy_distributed()
+    return last
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's global generators (model init, dropout; the data has its own seeds)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def export_final(checkpoint: Path, run_dir: Path, is_main: bool) -> None:
+    """`--checkpoint.export_final`: the HF OpenVLA export of the last checkpoint in <run_dir>/hf (rank 0 reads the
+    shards; the others wait). Collective."""
+    if is_main:
+        loaded = load_vla(checkpoint, dtype="bfloat16")
+        out = export_hf_openvla(
+            loaded.vlm, spec_of(loaded.vlm), run_dir / "hf", norm_stats=loaded.norm_stats, dtype="bfloat16"
+        )
+        logger.info("Exported %s to %s (HF OpenVLA layout, bf16)", checkpoint, out)
+    dist.barrier()
+
+
+def log_summary(run: RunFolder, num_training_steps: int, last: dict[str, float]) -> None:
+    """One line: the first logged step's loss / accuracy / L1 against the last's (rank 0)."""
+    if not run.metrics.exists():
+        return
+    first = read_metrics(run.path)[0]
+    changes = ", ".join(
+        f"{name.replace('_', ' ')} {first[name]:.4f} -> {last[name]:.4f}"
+        for name in ("loss", "action_accuracy", "l1_loss")
+        if name in first and name in last
+    )
+    logger.info("Done after %d steps: %s. Run: %s", num_training_steps, changes, run.path)
