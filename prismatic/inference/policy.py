@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from prismatic.inference.decoding import PolicyInputError
 from prismatic.models.action_heads import DecodeRequest, build_action_head
+from prismatic.models.decoding import PolicyInputError
 from prismatic.models.loading import load_vla
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.util.errors import ConfigError

@@ -201,12 +201,19 @@ class Resume:
 
     point: ResumePoint
     saved: dict[str, Any]  # the checkpoint's train state (train_state.json, or a .pt file's train_state)
-    frames: int  # frames consumed over all ranks when the checkpoint was written
     world_size: int  # this run's
 
     @property
     def saved_world_size(self) -> int:
+        """The world size the checkpoint was written at (older checkpoints without one: this run's)."""
         return int(self.saved.get("world_size", self.world_size))
+
+    @property
+    def frames(self) -> int:
+        """Frames consumed over all ranks when the checkpoint was written (older single-file checkpoints counted
+        samples per rank)."""
+        samples_per_rank = int(self.saved.get("samples_per_rank", 0))
+        return int(self.saved.get("frames", samples_per_rank * self.saved_world_size))
 
     @property
     def same_world_size(self) -> bool:
@@ -298,14 +305,12 @@ class RunFolder:
                 self.move_aside_logs_without_checkpoint()
             return None
         point, saved = checked
-        saved_world = int(saved.get("world_size", world_size))
-        # Older single-file checkpoints counted samples per rank.
-        frames = int(saved.get("frames", int(saved.get("samples_per_rank", 0)) * saved_world))
-        resume = Resume(point, saved, frames, world_size)
+        resume = Resume(point, saved, world_size)
+        frames = resume.frames
         changed = [
             f"{what} {before} -> {now}"
             for what, before, now in (
-                ("world size", saved_world, world_size),
+                ("world size", resume.saved_world_size, world_size),
                 (
                     "global batch size",
                     saved.get("global_batch_size", cfg.vla.global_batch_size),

@@ -6,7 +6,7 @@ tiny sampling weight is measured as well as a large one. The split is the pipeli
 one, else the last 5% of `train` (`rlds/discovery.py:split_name`); actions are normalised with the train
 statistics, as in training. The held-out streams are the training `StreamSpec` with `dataclasses.replace`d fields.
 
-Metrics are the action head's (`prismatic/models/action_heads.py`): each head returns per-sample sums and names
+Metrics are the action head's (`prismatic/models/action_heads/`): each head returns per-sample sums and names
 the ratios reported, so train and val curves compare. Every sum is over the frames evaluated on all ranks;
 "overall" pools the frames of all datasets, so each dataset counts by the frames it contributed
 (`num_batches * batch * ranks` normally), not by its mixture weight. For `tokens`:

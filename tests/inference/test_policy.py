@@ -151,7 +151,7 @@ def test_unconstrained_decoding_is_openvla_greedy(policy, images):
 
 
 def test_early_eos_is_read_as_openvla_reads_it():
-    from prismatic.inference.decoding import openvla_action_ids
+    from prismatic.models.decoding import openvla_action_ids
 
     assert openvla_action_ids([1, 10, 11, 12], [900, 2, 5, 6], eos_id=2, action_dim=4) == (
         [11, 12, 900, 2],

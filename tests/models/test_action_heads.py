@@ -1,4 +1,4 @@
-"""Action heads (prismatic/models/action_heads.py): OpenVLA-OFT's parallel decoding with an L1 chunk head.
+"""Action heads (prismatic/models/action_heads/): OpenVLA-OFT's parallel decoding with an L1 chunk head.
 
 Pinned here, with expectations computed in the test: the attention mask of parallel decoding (action positions see
 each other and the prompt; the prompt does not see them), the head's output shape, loss and metric sums, that its

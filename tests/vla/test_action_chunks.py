@@ -1,4 +1,4 @@
-"""The l1-chunk head's targets are the pipeline's future-action window (prismatic/models/action_heads.py,
+"""The l1-chunk head's targets are the pipeline's future-action window (prismatic/models/action_heads/,
 rlds/chunking.py): expectations read straight from the dataset files and normalised in NumPy."""
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prismatic.inference.decoding import PolicyInputError
 from prismatic.models.action_heads.base import ActionHead, DecodeRequest, HeadOutput, HeadPrediction
 from prismatic.models.action_heads.registry import ActionSpec
+from prismatic.models.decoding import PolicyInputError
 from prismatic.util.constants import IGNORE_INDEX
 
 

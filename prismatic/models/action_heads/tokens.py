@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prismatic.inference.decoding import greedy_decode, openvla_action_ids
 from prismatic.models.action_heads.base import ActionHead, DecodeRequest, HeadOutput, HeadPrediction
 from prismatic.models.action_heads.registry import ActionSpec
+from prismatic.models.decoding import greedy_decode, openvla_action_ids
 from prismatic.util.constants import IGNORE_INDEX
 
 
