@@ -3,7 +3,8 @@ r"""Convert your own episodes (one `.npz` / `.hdf5` file each) or a LeRobot data
     python vla_scripts/convert_to_rlds.py --episodes_dir my_episodes/ --data_root_dir data/rlds \
         --name my_robot [--version 1.0.0] [--val_fraction 0.05] [--num_shards 4]
     python vla_scripts/convert_to_rlds.py --lerobot_dir ~/.cache/huggingface/lerobot/lerobot/pusht \
-        --data_root_dir data/rlds --name pusht [--lerobot_cameras observation.image] [--val_fraction 0.05]
+        --data_root_dir data/rlds --name pusht [--lerobot_cameras observation.image] [--val_fraction 0.05] \
+        [--action_space joint_positions]
 
 Each episode file holds, per step t of T (same names in `.npz` arrays or `.hdf5` datasets at the file's root):
     image          uint8[T, H, W, 3]   main camera (required)
@@ -21,6 +22,11 @@ The result, `<data_root_dir>/<name>/<version>/`, is a standard RLDS tfds dataset
 discount; `episode_metadata/file_path`). Episodes are read one at a time, so the source can be larger than memory.
 The script ends by writing `<data_root_dir>/<name>/<name>_dataset.py`, a plugin file that registers the dataset:
 train with `--plugins <that file> --vla.data_mix <name>`. See docs/own_data.md and docs/lerobot.md.
+
+What the actions mean decides the plugin's encoding and masks: `--action_space` states it (eef_delta,
+eef_absolute, joint_deltas, joint_positions); by default it is inferred and printed (7 numbers: an EEF pose, else
+joints; LeRobot actions are absolute targets, joint positions when info.json names joints; episode files follow
+OpenVLA's deltas with an absolute gripper).
 """
 
 # No `from __future__ import annotations`: with it, @dataclass needs this module in sys.modules, which a test
@@ -40,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from prismatic.util.cli import entry_point, parse_config
-from prismatic.util.errors import ConfigError
+from prismatic.util.errors import ConfigError, did_you_mean
 from prismatic.util.files import write_text_atomic
 
 logger = logging.getLogger("vla_scripts.convert_to_rlds")
@@ -413,6 +419,74 @@ def convert_lerobot(
 # ==========================================================================================================
 
 ACTION_DIMS = {7: "EEF_POS", 8: "JOINT_POS"}  # the pipeline's action encodings (configs.ACTION_DIM)
+# --action_space: what the action's numbers mean -> (encoding, every dimension absolute?, the plugin's comment).
+# Absolute dimensions repeat their last value when a chunk is padded past an episode's end; deltas get zeros.
+ACTION_SPACES = {
+    "eef_delta": ("EEF_POS", False, "EEF deltas: xyz, roll-pitch-yaw, then the gripper (absolute)"),
+    "eef_absolute": ("EEF_POS", True, "absolute EEF pose: xyz, roll-pitch-yaw, gripper"),
+    "joint_deltas": ("JOINT_POS", False, "joint deltas, then the gripper (absolute)"),
+    "joint_positions": ("JOINT_POS", True, "joint position targets, gripper last"),
+}
+ACTION_SPACE_CHOICES = ("infer", *ACTION_SPACES)
+# Words of LeRobot action names that make them joints (SO-100 / Koch "shoulder_pan", ALOHA "left_waist", ...).
+_JOINT_WORDS = re.compile(
+    r"joint|shoulder|elbow|waist|forearm|wrist_(flex|roll|angle|pitch|yaw)", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True)
+class ActionMeaning:
+    """What the action numbers mean (decides the plugin's encoding and masks) and how that was decided."""
+
+    space: str  # a key of ACTION_SPACES
+    lerobot: bool = False  # a LeRobot source: its grippers are positions, so every dimension is normalised
+    how: str = "stated by --action_space"
+
+    @property
+    def encoding(self) -> str:
+        return ACTION_SPACES[self.space][0]
+
+    @property
+    def all_absolute(self) -> bool:
+        return ACTION_SPACES[self.space][1]
+
+    @property
+    def note(self) -> str:
+        return ACTION_SPACES[self.space][2]
+
+
+def action_meaning(
+    stated: str, action_dim: int, *, lerobot: bool = False, names: Sequence[str] = ()
+) -> ActionMeaning:
+    """The action's meaning: `stated` (an --action_space choice), or inferred when it is "infer".
+
+    Inferred: 7 numbers are an EEF pose + gripper, other widths joints + gripper (the pipeline's two encodings);
+    LeRobot actions are absolute targets (what lerobot records for its robots: joint positions when info.json
+    names joints), episode files follow OpenVLA's deltas with an absolute gripper.
+
+    Raises:
+        ConfigError: an EEF meaning stated for actions that do not have 7 numbers.
+    """
+    if stated != "infer":
+        if ACTION_SPACES[stated][0] == "EEF_POS" and action_dim != 7:
+            raise ConfigError(
+                f"--action_space {stated} needs 7 action numbers (xyz, roll-pitch-yaw, gripper), but the actions "
+                f"have {action_dim}. Pass joint_positions or joint_deltas (padded to 8), or map them in a "
+                "standardisation function of the plugin file."
+            )
+        return ActionMeaning(stated, lerobot)
+    joints = [name for name in names if _JOINT_WORDS.search(name)]
+    if lerobot and joints:
+        space, why = "joint_positions", f"the joint names of meta/info.json ({', '.join(joints[:3])}, ...)"
+    elif action_dim == 7:
+        space = "eef_absolute" if lerobot else "eef_delta"
+        why = "7 numbers; " + ("LeRobot actions are targets" if lerobot else "OpenVLA's EEF deltas + gripper")
+    else:
+        space = "joint_positions" if lerobot else "joint_deltas"
+        why = f"{action_dim} numbers; " + (
+            "LeRobot actions are targets" if lerobot else "OpenVLA's JOINT_POS"
+        )
+    return ActionMeaning(space, lerobot, f"inferred from {why}; --action_space states it")
 
 
 def camera_slots(image_keys: Sequence[str]) -> dict[str, str | None]:
@@ -424,43 +498,51 @@ def camera_slots(image_keys: Sequence[str]) -> dict[str, str | None]:
     return {"primary": image_keys[0] if image_keys else None, "secondary": secondary, "wrist": wrist}
 
 
-def standardize_fn_id(name: str, action_dim: int) -> str:
-    """The plugin's standardize_fn: "identity" for 7 or 8 action dimensions (and for more, which the plugin
-    refuses), else the padding function it defines."""
-    return "identity" if action_dim in ACTION_DIMS or action_dim > 8 else f"{name}_pad_actions"
+def standardize_fn_id(name: str, action_dim: int, encoding: str | None = None) -> str:
+    """The plugin's standardize_fn: "identity" when the actions fill their encoding (7 for EEF_POS, 8 for
+    JOINT_POS; default: EEF_POS for 7 numbers) and for more than 8 (which the plugin refuses), else the padding
+    function it defines (to JOINT_POS's 8)."""
+    width = 7 if (encoding or ACTION_DIMS.get(action_dim, "JOINT_POS")) == "EEF_POS" else 8
+    return "identity" if action_dim >= width else f"{name}_pad_actions"
 
 
 def registry_entry(
-    name: str, image_keys: Sequence[str], state_dim: int | None, action_dim: int, *, lerobot: bool = False
+    name: str,
+    image_keys: Sequence[str],
+    state_dim: int | None,
+    action_dim: int,
+    *,
+    meaning: ActionMeaning | None = None,
 ) -> str:
-    """The `register_dataset(...)` call that makes the converted dataset usable (in its plugin file, and printed)."""
+    """The `register_dataset(...)` call that makes the converted dataset usable (in its plugin file, and printed).
+
+    `meaning` (default: inferred for episode files) decides the encoding and the masks, and the comments say it."""
+    meaning = meaning or action_meaning("infer", action_dim)
     slots = ", ".join(
         f'"{view}": {"None" if key is None else json.dumps(key)}'
         for view, key in camera_slots(image_keys).items()
     )
-    encoding = ACTION_DIMS.get(action_dim, "JOINT_POS")
+    encoding = meaning.encoding
     width = 7 if encoding == "EEF_POS" else 8
     if state_dim is None:
         state = "(None,) * 8,  # no state in the data: 8 zero columns (proprio is off unless you turn it on)"
         state_encoding = "NONE"
     else:
         state = f'("state",),  # observation/state, {state_dim} numbers per step'
-        state_encoding = "JOINT" if lerobot else "POS_EULER"
-    if encoding == "EEF_POS":
-        action_note = "action = xyz delta, rpy delta, gripper (1 = open)"
-    elif action_dim == 8:
-        action_note = "action = 7 joint targets + gripper"
-    else:
-        action_note = f"{action_dim} action numbers, padded to 8 by {standardize_fn_id(name, action_dim)}()"
+        state_encoding = "JOINT" if meaning.lerobot else "POS_EULER"
+    fn = standardize_fn_id(name, action_dim, encoding)
+    action_note = f"action = {meaning.note}"
+    if action_dim < width:
+        action_note += f"; {action_dim} numbers, padded to 8 by {fn}()"
     if action_dim > 8:
         action_note = f"{action_dim} action numbers: map them onto 7 or 8 first (see the raise above)"
     masks = ""
-    if lerobot:
-        # LeRobot robots' grippers are usually positions, not OpenVLA's 0 / 1 command, and their actions usually
-        # absolute targets: normalise every dimension, and treat all as absolute when padding chunks past the end.
-        masks = (
-            f"\n        action_normalization_mask=(True,) * {width},  # every dimension (a gripper position too)"
-            f"\n        absolute_action_mask=(True,) * {width},  # absolute targets (set False for deltas)"
+    if meaning.lerobot:
+        # LeRobot robots' grippers are usually positions, not OpenVLA's 0 / 1 command: normalise every dimension.
+        masks += f"\n        action_normalization_mask=(True,) * {width},  # every dimension (a gripper position too)"
+    if meaning.all_absolute:
+        masks += (
+            f"\n        absolute_action_mask=(True,) * {width},  # absolute targets: padding repeats them"
         )
     return f"""register_dataset(
     RLDSDatasetConfig(
@@ -469,7 +551,7 @@ def registry_entry(
         state_obs_keys={state}
         state_encoding=StateEncoding.{state_encoding},  # metadata: POS_EULER / POS_QUAT / JOINT / NONE
         action_encoding=ActionEncoding.{encoding},  # {action_note}
-        standardize_fn="{standardize_fn_id(name, action_dim)}",  # or your own @register_standardize_fn{masks}
+        standardize_fn="{fn}",  # or your own @register_standardize_fn{masks}
     )
 )"""
 
@@ -483,22 +565,27 @@ def dataset_plugin(
     data_root_dir: Path,
     origin: str,
     mapping: Sequence[str],
-    lerobot: bool = False,
+    meaning: ActionMeaning | None = None,
 ) -> str:
     """The text of `<data_root_dir>/<name>/<name>_dataset.py`: a plugin file registering the converted dataset.
 
-    Actions of 7 or 8 dimensions are registered as they are (EEF_POS / JOINT_POS, standardize_fn "identity");
-    fewer are padded to 8 by a standardisation function the file defines (zeros before the last dimension, the
-    gripper, as JOINT_POS pads joints); more than 8 fit no encoding the pipeline has, so the file then raises a
-    `ConfigError` saying what to edit.
+    The action's `meaning` (default: inferred for episode files) picks the encoding: 7 numbers of an EEF meaning
+    are EEF_POS, joint meanings JOINT_POS; actions narrower than their encoding are padded by a standardisation
+    function the file defines (zeros before the last dimension, the gripper, as JOINT_POS pads joints), others
+    registered as they are (standardize_fn "identity"); more than 8 fit no encoding the pipeline has, so the file
+    then raises a `ConfigError` saying what to edit.
     """
+    meaning = meaning or action_meaning("infer", action_dim)
     path = Path(data_root_dir) / name / f"{name}_dataset.py"
-    mapped = "\n".join(f"    {line}" for line in mapping)
+    mapped = "\n".join(
+        f"    {line}"
+        for line in [*mapping, f"action meaning: {meaning.space} = {meaning.note} ({meaning.how})"]
+    )
     head = f'''"""Registers the RLDS dataset `{name}`, which vla_scripts/convert_to_rlds.py converted from
 {origin}.
 
 Every script reads it through this file, e.g.
-    torchrun --standalone --nnodes 1 --nproc-per-node 1 vla_scripts/train.py --vla.type <preset> \\
+    .venv/bin/torchrun --standalone --nnodes 1 --nproc-per-node 1 vla_scripts/train.py --vla.type <preset> \\
         --plugins {path} --vla.data_mix {name} --data_root_dir {data_root_dir} --run_root_dir runs
 
 What the conversion mapped:
@@ -509,10 +596,11 @@ keeps an edited copy as {name}_dataset.py.bak.
 """
 '''
     names = ["ActionEncoding", "RLDSDatasetConfig", "StateEncoding", "register_dataset"]
-    if standardize_fn_id(name, action_dim) != "identity":
+    fn = standardize_fn_id(name, action_dim, meaning.encoding)
+    if fn != "identity":
         names.append("register_standardize_fn")
     imports = "from prismatic.vla.datasets.rlds import (\n" + "".join(f"    {n},\n" for n in names) + ")"
-    entry = registry_entry(name, image_keys, state_dim, action_dim, lerobot=lerobot)
+    entry = registry_entry(name, image_keys, state_dim, action_dim, meaning=meaning)
     if action_dim > 8:
         message = (
             f"{path}: dataset '{name}' has {action_dim}-dim actions, but the training pipeline's action encodings "
@@ -537,7 +625,7 @@ raise ConfigError(
 {entry}
 """
         )
-    if standardize_fn_id(name, action_dim) == "identity":
+    if fn == "identity":
         return head + f"\n{imports}\n\n{entry}\n"
     pad = 8 - action_dim
     return (
@@ -548,7 +636,7 @@ from prismatic.util.tf import import_tensorflow
 {imports}
 
 
-@register_standardize_fn("{standardize_fn_id(name, action_dim)}")
+@register_standardize_fn("{fn}")
 def {name}_pad_actions(traj):
     """{action_dim} action numbers -> the 8 of ActionEncoding.JOINT_POS: {pad} zeros before the last one (the gripper,
     if the robot has one), as joint layouts pad unused joints. Predicted actions then hold 8 numbers; the
@@ -606,6 +694,9 @@ class ConvertConfig:
     val_fraction: float = 0.0  # fraction of episodes (the last ones) held out as the val split, in [0, 1)
     num_shards: int = 1  # tfrecord files per split (>= 1)
     overwrite: bool = False  # replace an existing <name>/<version>/
+    # what the actions mean, for the plugin's encoding and masks: infer (by width and source; printed), eef_delta,
+    # eef_absolute, joint_deltas, joint_positions
+    action_space: str = "infer"
 
     def __post_init__(self) -> None:
         # tfds would refuse these only after TensorFlow loads, with a traceback.
@@ -621,6 +712,12 @@ class ConvertConfig:
             raise ConfigError(
                 f"Pass exactly one of --episodes_dir (a folder of .npz / .hdf5 episode files) and --lerobot_dir (a "
                 f"LeRobot dataset folder holding meta/info.json); got {given}."
+            )
+        if self.action_space not in ACTION_SPACE_CHOICES:
+            raise ConfigError(
+                f"--action_space '{self.action_space}' is not one of {', '.join(ACTION_SPACE_CHOICES)} (what the "
+                "action's numbers mean: EEF deltas, an absolute EEF pose, joint deltas or joint position targets)."
+                f"{did_you_mean(self.action_space, ACTION_SPACE_CHOICES)}"
             )
         if self.lerobot_cameras is not None and self.lerobot_dir is None:
             raise ConfigError(
@@ -662,14 +759,20 @@ def main(argv: list[str] | None = None) -> int:
             mapping.append(f"state [{converted.state_dim}] -> observation/state")
         mapping += [f"action [{converted.action_dim}] -> action", "instruction -> language_instruction"]
     dims = (converted.image_keys, converted.state_dim, converted.action_dim)
-    lerobot_source = cfg.lerobot_dir is not None
+    meaning = action_meaning(
+        cfg.action_space,
+        converted.action_dim,
+        lerobot=cfg.lerobot_dir is not None,
+        names=lerobot.action_names if cfg.lerobot_dir is not None else (),
+    )
+    print(f"action meaning: {meaning.space} = {meaning.note} ({meaning.how})")
     text = dataset_plugin(
         cfg.name,
         *dims,
         data_root_dir=cfg.data_root_dir,
         origin=origin,
         mapping=mapping,
-        lerobot=lerobot_source,
+        meaning=meaning,
     )
     plugin = write_dataset_plugin(cfg.data_root_dir, cfg.name, text)
     print(f"wrote {converted.target}")
@@ -685,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
             "refuses to load until you add a standardisation function mapping them (see the file).",
             converted.action_dim,
         )
-    print(registry_entry(cfg.name, *dims, lerobot=lerobot_source))
+    print(registry_entry(cfg.name, *dims, meaning=meaning))
     return 0
 
 

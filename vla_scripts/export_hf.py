@@ -7,9 +7,14 @@ consolidated model-only file (`<out_dir>/checkpoints/model.safetensors` + `confi
 
 `--checkpoint` also takes a run folder (its latest checkpoint), a Prismatic run folder or an HF OpenVLA folder.
 The action statistics (`config.json`'s `norm_stats`) come from the run folder's `dataset_statistics.json` unless
-`--dataset_statistics` names another file. A LoRA checkpoint is merged into plain weights first. `--hf_code_dir`
-copies OpenVLA's `configuration_prismatic.py`, `modeling_prismatic.py`, `processing_prismatic.py` beside the
-weights (needed by `AutoModelForVision2Seq.from_pretrained(..., trust_remote_code=True)`).
+`--dataset_statistics` names another file (written as `norm_stats` and `dataset_statistics.json`). A LoRA
+checkpoint is merged into plain weights first.
+
+The folder loads with OpenVLA's two lines, `AutoProcessor` / `AutoModelForVision2Seq.from_pretrained(folder,
+trust_remote_code=True)`: its `auto_map` names OpenVLA's modeling code in the Hub repository `--hf_code_repo`
+(default openvla/openvla-7b; transformers fetches it on the first load and caches it), so no OpenVLA checkout is
+needed. Offline sites pass `--hf_code_dir` instead: OpenVLA's `configuration_prismatic.py`, `modeling_prismatic.py`,
+`processing_prismatic.py` are copied beside the weights and `auto_map` names those local files.
 """
 
 from __future__ import annotations
@@ -51,7 +56,12 @@ class ExportConfig:
     dataset_statistics: Path | None = None  # norm_stats JSON; default: the run's dataset_statistics.json
     dtype: str = "bfloat16"  # bfloat16 (OpenVLA's release dtype), float32 or float16
     max_shard_size: str = "5GB"  # largest safetensors shard, e.g. 5GB, 500MB or a number of bytes
-    hf_code_dir: Path | None = None  # OpenVLA's prismatic/extern/hf/, copied beside the weights
+    hf_code_dir: Path | None = (
+        None  # OpenVLA's prismatic/extern/hf/, copied beside the weights (no Hub needed)
+    )
+    hf_code_repo: str = (
+        "openvla/openvla-7b"  # without --hf_code_dir: the Hub repo auto_map names for that code
+    )
     hf_token: str | None = None  # for backbones whose config / tokenizer come from a gated Hub repo
 
     def __post_init__(self) -> None:
@@ -68,6 +78,17 @@ class ExportConfig:
             raise ConfigError(
                 f"--max_shard_size '{self.max_shard_size}' is not a size: write a number with KB, MB, GB or TB "
                 "(e.g. 5GB, 500MB), or a number of bytes."
+            )
+        # transformers splits an auto_map entry `repo--module.Class` at "--": a repo id must not hold one.
+        if not re.fullmatch(r"[\w.-]+/[\w.-]+", self.hf_code_repo) or "--" in self.hf_code_repo:
+            raise ConfigError(
+                f"--hf_code_repo '{self.hf_code_repo}' is not a Hub repository id (owner/name, without '--'), e.g. "
+                "openvla/openvla-7b."
+            )
+        if self.hf_code_dir is not None and not self.hf_code_dir.is_dir():
+            raise ConfigError(
+                f"--hf_code_dir '{self.hf_code_dir}' is not a folder: pass OpenVLA's prismatic/extern/hf/ (it holds "
+                "configuration_prismatic.py, modeling_prismatic.py, processing_prismatic.py)."
             )
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise ConfigError(f"--out_dir '{self.out_dir}' is a file; pass a folder to write the export in.")
@@ -106,6 +127,7 @@ def export(cfg: ExportConfig) -> Path:
         dtype=cfg.dtype,
         max_shard_size=max_shard,
         hf_code_dir=cfg.hf_code_dir,
+        hf_code_repo=cfg.hf_code_repo,
     )
 
 

@@ -5,6 +5,15 @@ Reading: the ViTs are the ones `timm_model_ids` / `image_sizes` / `timm_override
 modeling code builds them. A `vision_backbone_id` registered here must agree with them (else a `ConfigError` before
 anything is built); one not registered here is built from them alone. `timm_arch_overrides` is this tool's
 extension (other timm kwargs, for the tiny presets); OpenVLA's code ignores it.
+
+Writing: `auto_map` names OpenVLA's modeling code on the Hub by default, in the `repo--module.Class` form that
+transformers' `get_class_from_dynamic_module` fetches from that repo (`openvla/openvla-7b--modeling_prismatic.py`'s
+`OpenVLAForActionPrediction`), so `AutoModelForVision2Seq.from_pretrained(folder, trust_remote_code=True)` needs
+no source tree, only the Hub (or its cache); with `code_repo=None` it names modules beside the weights
+(`--hf_code_dir`).
+Keys are written for every transformers from 4.40 (OpenVLA's pin) to today: 5.x's `dtype` and `rope_parameters`
+with 4.x's `torch_dtype` and flat `rope_theta` / `partial_rotary_factor` beside them (4.40 ignores
+`rope_parameters` and would fall back to its defaults, e.g. rope_theta 10000 for Qwen2.5's 1e6).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import transformers
 from transformers import AutoConfig
 
 from prismatic.models.backbones.vision.registry import (
@@ -37,27 +47,65 @@ from prismatic.util.errors import ConfigError, did_you_mean
 logger = logging.getLogger(__name__)
 
 HF_MODEL_TYPES = ("openvla", "prismatic")
+# The Hub repository holding OpenVLA's HF code (configuration_ / modeling_ / processing_prismatic.py), which the
+# `auto_map` of fine-tuned OpenVLA checkpoints names as well.
+DEFAULT_HF_CODE_REPO = "openvla/openvla-7b"
+# RoPE fields transformers 5 keeps only inside `rope_parameters`; 4.x reads them flat (4.40's defaults: rope_theta
+# 10000.0 for Llama / Qwen2 / Mistral, partial_rotary_factor 0.5 for Phi).
+FLAT_ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
 # This tool's extension of OpenVLA's config: timm kwargs beyond `act_layer`, one dict per ViT (tiny presets).
 ARCH_OVERRIDES_FIELD = "timm_arch_overrides"
 
 
+def code_reference(module_class: str, code_repo: str | None) -> str:
+    """An `auto_map` entry: `module.Class` (a module beside the weights) or `repo--module.Class` (transformers
+    fetches the module from that Hub repository)."""
+    return module_class if code_repo is None else f"{code_repo}--{module_class}"
+
+
+def readable_text_config(text_config: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """`text_config` as every transformers from 4.40 to today reads it: `dtype` and `torch_dtype`, and the RoPE
+    fields 4.x reads flat copied out of 5.x's `rope_parameters` (both spellings: 5.x reads the dict first)."""
+    out = {**text_config, "dtype": dtype, "torch_dtype": dtype}
+    rope = text_config.get("rope_parameters")
+    if isinstance(rope, Mapping):
+        for field in FLAT_ROPE_FIELDS:
+            if rope.get(field) is not None:
+                out[field] = rope[field]
+        if rope.get("rope_type", "default") != "default":
+            logger.warning(
+                "The LLM's RoPE type is '%s': transformers before 5.0 read RoPE scaling from `rope_scaling`, which "
+                "this export does not write, so they build the model with plain RoPE.",
+                rope["rope_type"],
+            )
+    return out
+
+
 def hf_config_dict(
-    vlm: PrismaticVLM, spec: BaseVLMSpec, norm_stats: Mapping[str, Any] | None, dtype: str
+    vlm: PrismaticVLM,
+    spec: BaseVLMSpec,
+    norm_stats: Mapping[str, Any] | None,
+    dtype: str,
+    code_repo: str | None = DEFAULT_HF_CODE_REPO,
 ) -> dict:
-    """`config.json` for the HF OpenVLA layout (OpenVLAConfig's fields, as OpenVLA's converter writes them)."""
+    """`config.json` for the HF OpenVLA layout (OpenVLAConfig's fields, as OpenVLA's converter writes them).
+
+    `code_repo`: the Hub repository `auto_map` names for OpenVLA's code; None names modules beside the weights.
+    """
     vision_spec = vlm.vision_backbone.spec
     vits = vits_of(vision_spec)
     llm = vlm.llm_backbone
-    text_config = llm.llm.config.to_dict()
-    text_config.update(use_cache=True, torch_dtype=dtype, pad_token_id=llm.tokenizer.pad_token_id)
-    text_config.pop("dtype", None)
+    text_config = readable_text_config(llm.llm.config.to_dict(), dtype)
+    text_config.update(use_cache=True, pad_token_id=llm.tokenizer.pad_token_id)
     extra_overrides = [{k: v for k, v in vit.arch_overrides.items() if k != "act_layer"} for vit in vits]
     config = {
         "model_type": "openvla",
         "architectures": ["OpenVLAForActionPrediction"],
         "auto_map": {
-            "AutoConfig": "configuration_prismatic.OpenVLAConfig",
-            "AutoModelForVision2Seq": "modeling_prismatic.OpenVLAForActionPrediction",
+            "AutoConfig": code_reference("configuration_prismatic.OpenVLAConfig", code_repo),
+            "AutoModelForVision2Seq": code_reference(
+                "modeling_prismatic.OpenVLAForActionPrediction", code_repo
+            ),
         },
         "vision_backbone_id": spec.vision_backbone_id,
         "llm_backbone_id": spec.llm_backbone_id,
@@ -76,7 +124,9 @@ def hf_config_dict(
         "text_config": text_config,
         "norm_stats": dict(norm_stats) if norm_stats is not None else None,
         "n_action_bins": 256,
+        "dtype": dtype,
         "torch_dtype": dtype,
+        "transformers_version": transformers.__version__,
     }
     if any(extra_overrides):  # only the tiny presets: real backbones write exactly OpenVLA's fields
         config[ARCH_OVERRIDES_FIELD] = extra_overrides

@@ -11,9 +11,13 @@ A folder holds `config.json` (`model_type` "openvla", the fields of OpenVLA's `O
     projector.fc1|fc2|fc3.*             Prismatic's `projector.0|2|4.*`
     language_model.*                    the HF causal LM (`llm.*` in our `llm_backbone`)
 
-Loading such a folder with `transformers` and `trust_remote_code=True` also needs OpenVLA's three modeling
-files beside the weights: `export_hf_openvla(..., hf_code_dir=...)` copies them from an OpenVLA checkout.
-This module never runs remote code and reads weights only through safetensors.
+Loading such a folder with `transformers` and `trust_remote_code=True` runs OpenVLA's three modeling files. By
+default every `auto_map` (config, preprocessor, processor and tokenizer configs) names them in the Hub repository
+`openvla/openvla-7b` (`openvla/openvla-7b--modeling_prismatic.OpenVLAForActionPrediction`, as OpenVLA's own
+fine-tuned checkpoints do), which transformers fetches once and caches: no source tree needed.
+`export_hf_openvla(..., hf_code_dir=...)` copies them from an OpenVLA checkout instead, for sites without the Hub,
+and the `auto_map` entries then name those local modules. This module never runs remote code and reads weights
+only through safetensors.
 
 This module holds the name mapping and the writer. Reading is split by job: `prismatic.models.hf_config` turns
 `config.json` into the architecture to build (`hf_architecture`), `prismatic.models.hf_shards` streams the weights
@@ -21,7 +25,8 @@ one shard at a time (`hf_weight_shapes` reads only the headers, `iter_hf_shards`
 never holds more than the model plus one shard.
 
 Writing: shards are converted and written one at a time; `tokenizer_config.json` names a class that the
-transformers OpenVLA pins (4.40.x) knows (`openvla_tokenizer_class`), not one only newer versions define.
+transformers OpenVLA pins (4.40.x) knows (`openvla_tokenizer_class`), not one only newer versions define, and
+holds no key only transformers 5 writes (`TRANSFORMERS5_TOKENIZER_KEYS`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from prismatic.models.backbones.vision.registry import (
     VisionBackboneSpec,
     get_vision_backbone_spec,
 )
-from prismatic.models.hf_config import hf_config_dict
+from prismatic.models.hf_config import DEFAULT_HF_CODE_REPO, code_reference, hf_config_dict
 from prismatic.models.hf_shards import INDEX_FILE
 from prismatic.models.registry import BaseVLMSpec
 from prismatic.models.vlms.prismatic import PrismaticVLM
@@ -68,6 +73,13 @@ ACTION_MODULES = ("action_head", "proprio_projector")  # `PrismaticVLM.attach_ac
 LLAMA_TOKENIZER_CLASS = "LlamaTokenizerFast"
 GENERIC_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 EXPORT_DTYPES = ("bfloat16", "float32", "float16")
+# tokenizer_config.json keys transformers 5 writes that no 4.x reads: load-time arguments saved back (`is_local`,
+# `local_files_only`) and 5.x's tokenizer back-end choice (`backend`). 4.40 would hand them to the tokenizer's
+# __init__ as unknown kwargs.
+TRANSFORMERS5_TOKENIZER_KEYS = ("is_local", "local_files_only", "backend")
+PROCESSOR_CLASS = "PrismaticProcessor"
+PROCESSOR_MODULE_CLASS = "processing_prismatic.PrismaticProcessor"
+IMAGE_PROCESSOR_MODULE_CLASS = "processing_prismatic.PrismaticImageProcessor"
 
 
 def _vision_spec(vision: str | VisionBackboneSpec) -> VisionBackboneSpec:
@@ -183,9 +195,12 @@ def legacy_bpe_merges(tokenizer_json: dict[str, Any]) -> bool:
     return True
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+def save_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, out_dir: Path, code_repo: str | None = DEFAULT_HF_CODE_REPO
+) -> None:
     """`save_pretrained`, then make the files loadable by OpenVLA's transformers (4.40): a class it knows in
-    `tokenizer_config.json`, and BPE merges in the format its tokenizers (0.19) reads."""
+    `tokenizer_config.json`, no transformers-5-only keys, BPE merges in the format its tokenizers (0.19) reads, and
+    the processor entries OpenVLA's published tokenizer config has (`code_repo` as in `hf_config_dict`)."""
     tokenizer.save_pretrained(str(out_dir))
     tokenizer_path = out_dir / "tokenizer.json"
     if tokenizer_path.is_file():
@@ -198,21 +213,26 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
             )
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    for key in TRANSFORMERS5_TOKENIZER_KEYS:
+        config.pop(key, None)
     config["tokenizer_class"] = openvla_tokenizer_class(tokenizer)
+    config["processor_class"] = PROCESSOR_CLASS
+    config["auto_map"] = {"AutoProcessor": code_reference(PROCESSOR_MODULE_CLASS, code_repo)}
     write_text_atomic(
         config_path, json.dumps(config, indent=2, ensure_ascii=False) + "\n", "the tokenizer config"
     )
 
 
-def _processor_configs(vlm: PrismaticVLM, spec: BaseVLMSpec) -> tuple[dict, dict]:
+def _processor_configs(vlm: PrismaticVLM, spec: BaseVLMSpec, code_repo: str | None) -> tuple[dict, dict]:
     backbone = vlm.vision_backbone
     data_cfgs = list(backbone.data_cfgs.values()) if hasattr(backbone, "data_cfgs") else [backbone.data_cfg]
+    processor_ref = code_reference(PROCESSOR_MODULE_CLASS, code_repo)
     image = {
         "image_processor_type": "PrismaticImageProcessor",
-        "processor_class": "PrismaticProcessor",
+        "processor_class": PROCESSOR_CLASS,
         "auto_map": {
-            "AutoImageProcessor": "processing_prismatic.PrismaticImageProcessor",
-            "AutoProcessor": "processing_prismatic.PrismaticProcessor",
+            "AutoImageProcessor": code_reference(IMAGE_PROCESSOR_MODULE_CLASS, code_repo),
+            "AutoProcessor": processor_ref,
         },
         "use_fused_vision_backbone": len(data_cfgs) > 1,
         "image_resize_strategy": spec.image_resize_strategy,
@@ -221,10 +241,7 @@ def _processor_configs(vlm: PrismaticVLM, spec: BaseVLMSpec) -> tuple[dict, dict
         "means": [list(cfg["mean"]) for cfg in data_cfgs],
         "stds": [list(cfg["std"]) for cfg in data_cfgs],
     }
-    processor = {
-        "processor_class": "PrismaticProcessor",
-        "auto_map": {"AutoProcessor": "processing_prismatic.PrismaticProcessor"},
-    }
+    processor = {"processor_class": PROCESSOR_CLASS, "auto_map": {"AutoProcessor": processor_ref}}
     return image, processor
 
 
@@ -237,6 +254,7 @@ def export_hf_openvla(
     dtype: str = "bfloat16",
     max_shard_size: str | int = "5GB",
     hf_code_dir: Path | None = None,
+    hf_code_repo: str = DEFAULT_HF_CODE_REPO,
 ) -> Path:
     """Write `vlm` as an HF OpenVLA folder (see the module docstring for the layout).
 
@@ -248,13 +266,23 @@ def export_hf_openvla(
         dtype: "bfloat16" (OpenVLA's release dtype) or "float32" (exact round trips).
         max_shard_size: largest safetensors shard ("5GB", or bytes).
         hf_code_dir: a folder holding OpenVLA's `configuration_prismatic.py`, `modeling_prismatic.py`,
-            `processing_prismatic.py`, copied beside the weights so `trust_remote_code` loading works.
+            `processing_prismatic.py`, copied beside the weights; `auto_map` then names those local modules, so
+            `trust_remote_code` loading works without the Hub.
+        hf_code_repo: without `hf_code_dir`, the Hub repository `auto_map` names for that code (transformers
+            fetches it on the first `trust_remote_code` load).
 
     Returns:
         `out_dir`.
     """
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"Unknown export dtype '{dtype}'. Valid choices: {', '.join(EXPORT_DTYPES)}.")
+    if hf_code_dir is not None:
+        missing = [name for name in HF_CODE_FILES if not (hf_code_dir / name).is_file()]
+        if missing:  # before any weight is written
+            raise ConfigError(
+                f"hf_code_dir '{hf_code_dir}' has no '{missing[0]}' (OpenVLA's prismatic/extern/hf/)."
+            )
+    code_repo = None if hf_code_dir is not None else hf_code_repo
     torch_dtype = getattr(torch, dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = to_hf_state_dict(vlm)  # the model's own tensors: nothing is copied yet
@@ -281,7 +309,7 @@ def export_hf_openvla(
         index = {"metadata": {**split.metadata}, "weight_map": split.tensor_to_filename}
         write_json_atomic(out_dir / INDEX_FILE, index, "the HF export's shard index")
 
-    config = hf_config_dict(vlm, spec, norm_stats, dtype)
+    config = hf_config_dict(vlm, spec, norm_stats, dtype, code_repo)
     if not vlm.action_spec.is_default:
         # OpenVLA's own HF code decodes tokens only; `prismatic.load_policy` reads the head from this file.
         config["action_model"] = vlm.action_spec.to_dict()
@@ -289,20 +317,16 @@ def export_hf_openvla(
             out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the HF export's action spec"
         )
     write_json_atomic(out_dir / HF_CONFIG_FILE, config, "the HF export's config")
-    image_cfg, processor_cfg = _processor_configs(vlm, spec)
+    image_cfg, processor_cfg = _processor_configs(vlm, spec, code_repo)
     write_json_atomic(
         out_dir / "preprocessor_config.json", image_cfg, "the HF export's image processor config"
     )
     write_json_atomic(out_dir / "processor_config.json", processor_cfg, "the HF export's processor config")
     if norm_stats is not None:
         write_json_atomic(out_dir / DATASET_STATISTICS_FILE, norm_stats, "the HF export's statistics")
-    save_tokenizer(vlm.llm_backbone.tokenizer, out_dir)
+    save_tokenizer(vlm.llm_backbone.tokenizer, out_dir, code_repo)
     if hf_code_dir is not None:
         for name in HF_CODE_FILES:
-            if not (hf_code_dir / name).is_file():
-                raise ConfigError(
-                    f"hf_code_dir '{hf_code_dir}' has no '{name}' (OpenVLA's prismatic/extern/hf/)."
-                )
             shutil.copyfile(hf_code_dir / name, out_dir / name)
     logger.info("Wrote HF OpenVLA checkpoint to %s (%d tensors, %s)", out_dir, len(state), dtype)
     return out_dir

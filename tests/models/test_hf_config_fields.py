@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import transformers
 from openvla_tables import OPENVLA_LLM_TABLE, OPENVLA_VISION_TABLE
 
 from prismatic.models import LLM_BACKBONES, VISION_BACKBONES, build_vlm
@@ -51,9 +52,10 @@ NORM_STATS = {
 EXPECTED_CONFIG = {
     "model_type": "openvla",
     "architectures": ["OpenVLAForActionPrediction"],
+    # OpenVLA's code in its Hub repo (issue 23: no OpenVLA checkout needed), as its fine-tuned checkpoints name it.
     "auto_map": {
-        "AutoConfig": "configuration_prismatic.OpenVLAConfig",
-        "AutoModelForVision2Seq": "modeling_prismatic.OpenVLAForActionPrediction",
+        "AutoConfig": "openvla/openvla-7b--configuration_prismatic.OpenVLAConfig",
+        "AutoModelForVision2Seq": "openvla/openvla-7b--modeling_prismatic.OpenVLAForActionPrediction",
     },
     "vision_backbone_id": "tiny-dinosiglip-64px",
     "llm_backbone_id": "tiny-llama",
@@ -71,6 +73,9 @@ EXPECTED_CONFIG = {
     "norm_stats": NORM_STATS,
     "n_action_bins": 256,
     "torch_dtype": "bfloat16",
+    # transformers 5's spelling beside 4.x's, and the writer's version (issue 23: read from 4.40 to today).
+    "dtype": "bfloat16",
+    "transformers_version": transformers.__version__,
     # This tool's extension (OpenVLA's code ignores it): the tiny ViTs' shrunk widths.
     "timm_arch_overrides": [
         {"embed_dim": 48, "depth": 3, "num_heads": 3},
@@ -98,8 +103,8 @@ EXPECTED_PREPROCESSOR = {
     "image_processor_type": "PrismaticImageProcessor",
     "processor_class": "PrismaticProcessor",
     "auto_map": {
-        "AutoImageProcessor": "processing_prismatic.PrismaticImageProcessor",
-        "AutoProcessor": "processing_prismatic.PrismaticProcessor",
+        "AutoImageProcessor": "openvla/openvla-7b--processing_prismatic.PrismaticImageProcessor",
+        "AutoProcessor": "openvla/openvla-7b--processing_prismatic.PrismaticProcessor",
     },
     "use_fused_vision_backbone": True,
     "image_resize_strategy": "resize-naive",
@@ -154,7 +159,7 @@ def test_preprocessor_fields_openvla_reads_have_their_values(exported):
     assert json.loads((exported / "preprocessor_config.json").read_text()) == EXPECTED_PREPROCESSOR
     assert json.loads((exported / "processor_config.json").read_text()) == {
         "processor_class": "PrismaticProcessor",
-        "auto_map": {"AutoProcessor": "processing_prismatic.PrismaticProcessor"},
+        "auto_map": {"AutoProcessor": "openvla/openvla-7b--processing_prismatic.PrismaticProcessor"},
     }
     assert json.loads((exported / "dataset_statistics.json").read_text()) == NORM_STATS
 

@@ -360,6 +360,52 @@ def test_plugin_files_register_what_was_converted(
         runpy.run_path(str(bimanual))
 
 
+def test_the_action_meaning_is_stated_or_inferred_and_the_entry_agrees(
+    convert: ModuleType,
+    sources: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A 7-number joint-space LeRobot action stated with --action_space joint_positions: JOINT_POS padded to 8, every
+    dimension absolute, no "delta" in the entry; the inference says what it chose; tfds says nothing of downloads."""
+    argv = ["--lerobot_dir", str(sources["v3.0"]), "--data_root_dir", str(tmp_path), "--name", "arm7"]
+    assert convert.main([*argv, "--action_space", "joint_positions"]) == 0
+    out = capfd.readouterr().out
+    assert "Downloading and preparing" not in out and "downloaded and prepared" not in out
+    assert (
+        "action meaning: joint_positions = joint position targets, gripper last (stated by --action_space)"
+        in out
+    )
+    _load_plugin(tmp_path / "arm7" / "arm7_dataset.py", monkeypatch)
+    arm = configs.get_dataset_config("arm7")
+    assert (
+        arm.action_encoding == configs.ActionEncoding.JOINT_POS and arm.standardize_fn == "arm7_pad_actions"
+    )
+    assert arm.absolute_action_mask == (True,) * 8 and arm.action_normalization_mask == (True,) * 8
+    entry = convert.registry_entry(
+        "arm7", ["top"], 5, 7, meaning=convert.action_meaning("joint_positions", 7)
+    )
+    assert "delta" not in entry and "absolute targets" in entry
+
+    # Inferred: 7 numbers of a LeRobot dataset are an absolute EEF pose (all absolute, and the comment says so);
+    # joint names make them joint positions; episode files keep OpenVLA's EEF deltas with an absolute gripper.
+    inferred = convert.action_meaning("infer", 7, lerobot=True)
+    assert inferred.space == "eef_absolute" and "inferred" in inferred.how
+    entry = convert.registry_entry("x", ["top"], 5, 7, meaning=inferred)
+    assert (
+        "absolute EEF pose" in entry and "delta" not in entry and "absolute_action_mask=(True,) * 7" in entry
+    )
+    names = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "x", "gripper"]
+    assert convert.action_meaning("infer", 7, lerobot=True, names=names).space == "joint_positions"
+    episode_files = convert.registry_entry("x", ["image"], 8, 7)
+    assert "EEF deltas" in episode_files and "absolute_action_mask" not in episode_files
+    with pytest.raises(ConfigError, match="--action_space eef_delta needs 7 action numbers.*have 6"):
+        convert.action_meaning("eef_delta", 6)
+    with pytest.raises(ConfigError, match="--action_space 'joint_position' is not one of.*joint_positions"):
+        convert.ConvertConfig(tmp_path, "x", lerobot_dir=tmp_path, action_space="joint_position")
+
+
 def _load_plugin(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Import a plugin file, then hand what it registered to monkeypatch so the registries are restored after."""
     datasets, functions = set(configs.DATASET_CONFIGS), set(transforms.STANDARDIZE_FNS)

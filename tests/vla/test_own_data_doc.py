@@ -24,7 +24,7 @@ def _commands(script: str) -> list[list[str]]:
         if not line.strip():
             continue
         argv = shlex.split(line)
-        if argv[0] == "torchrun":
+        if argv[0] in ("torchrun", ".venv/bin/torchrun"):
             argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
         elif argv[0] == ".venv/bin/python":
             argv = [sys.executable, *argv[1:]]

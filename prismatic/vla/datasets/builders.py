@@ -36,6 +36,12 @@ def build_statistics(cfg: TrainConfig, dist_info: DistInfo) -> dict[str, Any]:
         ),
         dist_info,
     )
+    if not cfg.data.load_proprio:
+        # Else a user reading dataset_statistics.json thinks the state was lost.
+        logger.info(
+            "Proprio statistics are zeros of the action's width, as in OpenVLA: --data.load_proprio is off, so the "
+            "state is not read (it stays in the data; --data.load_proprio true reads it and gives it statistics)"
+        )
     return mixture_statistics(cfg.data_root_dir, cfg.vla.data_mix, options=cfg.data)  # the cache just filled
 
 
@@ -80,10 +86,14 @@ def build_train_data(cfg: TrainConfig, vlm: PrismaticVLM, head: ActionHead, dist
         world_size=dist_info.world_size,
     )
     dataset = RLDSDataset(spec, batch_transform)
+    # The count is OpenVLA's dataset length, from the statistics' transition counts: not the train split's size.
+    counted = "every split, val included" if cfg.data.statistics_split == "all" else "the train split"
     logger.info(
-        "Data: mixture '%s', %d train transitions, shuffle buffer %d frames (~%.2f GiB per rank, images encoded)",
+        "Data: mixture '%s', epoch of %d frames (OpenVLA's dataset length: transitions of %s, per mixture "
+        "weight), shuffle buffer %d frames (~%.2f GiB per rank, images encoded)",
         cfg.vla.data_mix,
         len(dataset),
+        counted,
         cfg.vla.shuffle_buffer_size,
         dataset.shuffle_buffer_gb,
     )

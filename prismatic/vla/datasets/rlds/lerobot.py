@@ -42,7 +42,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,8 @@ class LeRobotSource:
         observation_keys: camera key -> RLDS observation key.
         state_dim: width of `observation.state`, or None when the dataset has none.
         action_dim: width of `action`.
+        action_names: the names info.json gives the action's numbers (flattened; empty when it gives none), what
+            the converter reads the action's meaning from (joint names: joint positions).
         tasks: task_index -> task text.
         episodes: every episode, by episode_index.
     """
@@ -121,6 +123,7 @@ class LeRobotSource:
         self.cameras = self._pick_cameras(cameras)
         self.observation_keys = self._observation_keys()
         self.action_dim = self._vector_width(ACTION_KEY)
+        self.action_names = _flat_names(self.features[ACTION_KEY].get("names"))
         self.state_dim = self._vector_width(STATE_KEY) if STATE_KEY in self.features else None
         self.tasks = self._read_tasks()
         self.episodes = self._read_v21_episodes() if self.version == "v2.1" else self._read_v30_episodes()
@@ -406,6 +409,15 @@ class LeRobotSource:
         return _read_parquet(
             ref.data_file, what="episode data", columns=columns, filters=[("episode_index", "=", ref.index)]
         )
+
+
+def _flat_names(names: Any) -> list[str]:
+    """A feature's `names` as one list: lerobot writes a list, or {"motors": [...]} (ALOHA), or null."""
+    if isinstance(names, Mapping):
+        return [str(n) for value in names.values() for n in _flat_names(value)]
+    if isinstance(names, list | tuple):
+        return [n for value in names for n in _flat_names(value)]
+    return [] if names is None else [str(names)]
 
 
 def _is_depth(feature: dict[str, Any]) -> bool:

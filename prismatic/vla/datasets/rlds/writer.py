@@ -6,12 +6,14 @@ which write tiny datasets with the real raw feature spec of Open-X datasets.
 
 The dataset is prepared in a hidden temporary folder beside its target and moved into place when complete, so
 an error, a Ctrl-C or a full disk leaves neither a half-written dataset nor (with `overwrite`) a lost old one.
-A folder that cannot be written is a `ConfigError` naming it.
+A folder that cannot be written is a `ConfigError` naming it. tfds' own lines about downloading ("Downloading and
+preparing dataset Unknown size ...") are replaced by one log line each: nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -26,6 +28,8 @@ from prismatic.util.errors import ConfigError
 from prismatic.util.files import check_dir_writable, make_dirs, write_error
 from prismatic.util.tf import import_tensorflow
 from prismatic.vla.datasets.rlds.discovery import import_tfds
+
+logger = logging.getLogger(__name__)
 
 IF_EXISTS_CHOICES = ("keep", "replace", "refuse")
 Episode = dict[str, Any]  # {"steps": [step dict, ...], "episode_metadata": {...}} (plus any episode fields)
@@ -113,6 +117,14 @@ def write_rlds_dataset(
         def _generate_examples(self, split: str) -> Any:
             for index, episode in enumerate(splits[split]()):
                 yield f"{split}_{index:06d}", episode
+
+        # tfds prints these to stdout for catalog downloads ("Downloading and preparing dataset Unknown size ...",
+        # then the staging folder): misleading for local episodes, so they become our own log lines.
+        def _log_download_bytes(self) -> None:
+            logger.info("Writing RLDS dataset '%s' (splits: %s) to %s", name, ", ".join(splits), target)
+
+        def _log_download_done(self) -> None:
+            logger.info("RLDS dataset '%s' written; moving it into place", name)
 
     builder_cls = type(name, (_Builder,), {"name": name, "__module__": __name__}, skip_registration=True)
     staging = target.parent / f".{version}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
