@@ -7,6 +7,7 @@ the expected dicts are written out here by hand from the preset's published valu
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,12 @@ def test_a_resume_splits_the_frames_consumed_over_this_run_s_ranks(tmp_path: Pat
     same = Resume(point, {"frames": 96, "world_size": 2}, world_size=2)
     assert (same.frames, same.rank_frames, same.same_world_size) == (96, 48, True)
     assert same.data_snapshot == tmp_path / "step-000040-epoch-01" / "data"
+    assert same.checkpoint_name == "step-000040-epoch-01"  # the name of its config.resume-<name>.* files
+    with pytest.raises(dataclasses.FrozenInstanceError):  # decided once: no room changes it
+        same.world_size = 4
+    uneven = Resume(point, {"frames": 97, "world_size": 2}, world_size=2)
+    assert uneven.rank_frames == 48 and isinstance(uneven.rank_frames, int)
+    assert Resume(point, {"world_size": 2}, world_size=2).frames == 0  # no count recorded: from the start
     fewer = Resume(point, {"frames": 96, "world_size": 2}, world_size=3)
     assert (fewer.rank_frames, fewer.same_world_size, fewer.saved_world_size) == (32, False, 2)
     # An older single-file checkpoint counted samples per rank, not frames over all ranks.
