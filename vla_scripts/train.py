@@ -20,7 +20,6 @@ import sys
 from prismatic.conf.train import TrainConfig
 from prismatic.training.run_folder import RunFolder
 from prismatic.util.cli import entry_point, parse_config
-from prismatic.vla.datasets.rlds import resolve_mixture_dirs
 
 
 @entry_point
@@ -42,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         check_cpu_offload(True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     num_nodes = max(1, world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
     RunFolder.of(cfg, num_nodes).check(cfg)
+    # lazy: --help and the refusals above skip the dataset tables (0.1 s)
+    from prismatic.vla.datasets.rlds import resolve_mixture_dirs
+
     resolve_mixture_dirs(cfg.data_root_dir, cfg.vla.data_mix)
-    # lazy: the refusals above come before torch and TensorFlow load (a new run's bad flag: < 1 s)
+    # lazy: every refusal above comes before torch and TensorFlow load (seconds)
     from prismatic.training.train import train
 
     result = train(cfg)
