@@ -285,18 +285,31 @@ class CheckpointManager:
         self.last_saved = final
         if not self.is_main:
             return
-        if final.exists():  # the same step saved again (a resumed run re-saving): the new one replaces it
+        stale = None
+        if final.exists():  # the same step saved again (a run resumed from an older checkpoint): replace it
+            # While the old copy is moved aside, `latest` names the run's previous complete checkpoint (or nothing),
+            # never a missing folder: a crash in between resumes from there.
+            previous = [c for c in complete_checkpoints(self.dir) if c != final]
+            self._point_latest_at(previous[-1] if previous else None)
             stale = final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
             final.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
         tmp.rename(final)
-        write_text_atomic(self.dir / LATEST_POINTER, final.name + "\n", "latest-checkpoint pointer")
+        self._point_latest_at(final)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
         logger.info("Saved checkpoint %s (%.2f s)", final, time.perf_counter() - started)
         if self.keep_last is not None:
             for old in complete_checkpoints(self.dir)[: -self.keep_last]:
                 if old != final:
                     shutil.rmtree(old, ignore_errors=True)
                     logger.info("Deleted %s (--checkpoint.keep_last %d)", old.name, self.keep_last)
+
+    def _point_latest_at(self, checkpoint: Path | None) -> None:
+        """Replace the `latest` pointer atomically (None: remove it, so readers fall back to a scan)."""
+        if checkpoint is None:
+            (self.dir / LATEST_POINTER).unlink(missing_ok=True)
+        else:
+            write_text_atomic(self.dir / LATEST_POINTER, checkpoint.name + "\n", "latest-checkpoint pointer")
 
     # --- loading ------------------------------------------------------------------------------------------------
     def load(self, checkpoint: Path, state: dict[str, Any], *, same_world_size: bool) -> bool:

@@ -1,0 +1,308 @@
+"""What each training strategy builds, read from the built objects (not from what it logs).
+
+Every strategy is built through `get_train_strategy(...)` and `.setup()` on the tiny model, then inspected: the FSDP2
+units' `reshard_after_forward` (FSDP's own per-unit state: the post-forward mesh is the unit's mesh when it
+reshards, none when it keeps parameters gathered), DDP's wrapper, the device mesh's dimension names and sizes, and
+the gradient-sync decision of `--grad_sync auto|micro-batch|step`, with `auto`'s choice computed here from the rule
+`FSDPStrategy.choose_grad_sync` documents (FP32 gradients of the trainable parameters > a quarter of the free host
+memory shared by the node's ranks) under a host memory size the test sets.
+
+One rank suffices for most of it: a gloo group of one in this process. The hybrid mesh needs two ranks on two
+"nodes": one `torchrun --nproc-per-node 2` of this file (its `__main__` is the worker), each rank told it is a node
+of its own (LOCAL_WORLD_SIZE=1, which torchrun sets per node on a real cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from prismatic.conf.vla import get_vla_config
+from prismatic.models import build_vlm
+from prismatic.models.action_heads import ActionSpec
+from prismatic.training.strategies import get_train_strategy
+from prismatic.util.dist import DistInfo
+
+BASE, VLA = "tiny-vit+tiny-llama", "tiny+mx-toy"
+CPU = torch.device("cpu")
+FSDP_IDS = ("fsdp-full-shard", "fsdp-shard-grad-op")
+# What each FSDP strategy must build: every unit reshards after forward (ZeRO-3) or none does (ZeRO-2).
+RESHARD = {"fsdp-full-shard": "reshard", "fsdp-shard-grad-op": "keep"}
+
+
+def _strategy(strategy_id: str, info: DistInfo, grad_sync: str = "auto", sharding: str = "auto") -> Any:
+    vla = get_vla_config(VLA)
+    vla.train_strategy = strategy_id
+    vlm = build_vlm(BASE)
+    vlm.attach_action_modules(ActionSpec())
+    return get_train_strategy(vlm, vla, info, grad_sync=grad_sync, sharding=sharding)
+
+
+def _built(strategy_id: str, info: DistInfo, sharding: str = "auto") -> Any:
+    strategy = _strategy(strategy_id, info, sharding=sharding)
+    strategy.setup(2)
+    return strategy
+
+
+def _reshard_kind(group: Any) -> str:
+    """FSDP2 stores `reshard_after_forward` as the unit's post-forward mesh: its own mesh (True) or None (False)."""
+    if group.post_forward_mesh_info is group.mesh_info:
+        return "reshard"
+    return "keep" if group.post_forward_mesh_info is None else "other"
+
+
+def describe_fsdp(model: torch.nn.Module) -> dict[str, Any]:
+    """What FSDP2 built: units, their resharding, the mesh they shard over and how one parameter is placed."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    groups = [u._get_fsdp_state()._fsdp_param_group for u in units]
+    groups = [g for g in groups if g is not None]
+    info = groups[0].mesh_info
+    mesh = info.mesh
+    param = next(p for p in model.parameters() if isinstance(p, DTensor) and p.ndim == 2)
+    return {
+        "root_is_unit": isinstance(model, FSDPModule),
+        "units": len(units),
+        "reshard": sorted({_reshard_kind(g) for g in groups}),
+        "one_mesh": all(g.mesh_info.mesh == mesh for g in groups),
+        "mesh_dim_names": list(mesh.mesh_dim_names),
+        "mesh_shape": list(mesh.shape),
+        "coordinate": mesh.get_coordinate(),
+        "shard_size": info.shard_mesh_size,
+        "replicate_size": getattr(info, "replicate_mesh_size", None),
+        "param_mesh_dim_names": list(param.device_mesh.mesh_dim_names),
+        "placements": [type(p).__name__ for p in param.placements],
+        "local_rows": param.to_local().shape[0],
+        "rows": param.shape[0],
+    }
+
+
+# === One rank, in this process ====================================================================================
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Iterator[DistInfo]:
+    """A gloo process group of one, in this process, removed afterwards (other test files build their own)."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield DistInfo(0, 0, 1, 1, CPU)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process is the only rank of its node, whatever launched pytest."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+
+
+@pytest.mark.parametrize("strategy_id", FSDP_IDS)
+def test_each_fsdp_strategy_builds_units_with_its_own_resharding(
+    one_rank: DistInfo, one_node: None, strategy_id: str
+) -> None:
+    built = describe_fsdp(_built(strategy_id, one_rank).model)
+    assert built["root_is_unit"] and built["units"] > 2  # the root plus ViT blocks and decoder layers
+    assert built["reshard"] == [RESHARD[strategy_id]]
+
+
+@pytest.mark.parametrize("strategy_id", FSDP_IDS)
+def test_one_node_shards_over_a_one_dimensional_mesh(
+    one_rank: DistInfo, one_node: None, strategy_id: str
+) -> None:
+    built = describe_fsdp(_built(strategy_id, one_rank).model)
+    assert built["one_mesh"]
+    assert (built["mesh_dim_names"], built["mesh_shape"]) == (["shard"], [1])
+    assert built["param_mesh_dim_names"] == ["shard"] and built["placements"] == ["Shard"]
+    assert (built["shard_size"], built["replicate_size"]) == (1, None)
+
+
+def test_ddp_builds_distributed_data_parallel_around_the_model(one_rank: DistInfo, one_node: None) -> None:
+    strategy = _strategy("ddp", one_rank)
+    vlm = strategy.vlm
+    strategy.setup(2)
+    assert type(strategy.model) is DistributedDataParallel
+    assert strategy.model.module is vlm
+    assert not any(isinstance(m, FSDPModule) for m in strategy.model.modules())
+
+
+# --- the gradient-sync decision -----------------------------------------------------------------------------------
+
+
+def _host_memory(monkeypatch: pytest.MonkeyPatch, free_bytes: int) -> None:
+    """Available host memory as `os.sysconf` reports it: `free_bytes` pages of one byte."""
+    real = os.sysconf
+    fake = {"SC_PAGE_SIZE": 1, "SC_AVPHYS_PAGES": free_bytes}
+    monkeypatch.setattr(os, "sysconf", lambda name: fake[name] if name in fake else real(name))
+
+
+def _auto_rule(trainable: int, free_host: int, ranks_on_node: int) -> bool:
+    """The documented rule: reduce every micro-batch when FP32 gradients need > 1/4 of this rank's free memory."""
+    return 4 * trainable > (free_host // ranks_on_node) / 4
+
+
+def _decision(strategy_id: str, info: DistInfo, grad_sync: str) -> tuple[Any, bool, bool]:
+    """Build and set up; return the strategy, whether it reduces after every micro-batch, and whether a non-final
+    micro-batch actually runs with the model's gradient reduction on (read from the wrapper's own flag)."""
+    strategy = _strategy(strategy_id, info, grad_sync=grad_sync)
+    assert strategy.grad_accumulation_steps == 2  # tiny+mx-toy: 16 frames, 8 per device, one rank
+    strategy.setup(2)
+    model = strategy.model
+    with strategy.accumulate(is_last_micro_batch=False):
+        if isinstance(model, DistributedDataParallel):
+            reduces = model.require_backward_grad_sync
+        else:
+            reduces = model._get_fsdp_state()._fsdp_param_group.reduce_grads
+    return strategy, strategy.sync_every_micro_batch, reduces
+
+
+def _trainable(strategy_id: str) -> int:
+    vlm = _strategy(strategy_id, DistInfo(0, 0, 1, 1, CPU)).vlm
+    return sum(p.numel() for p in vlm.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("strategy_id", [*FSDP_IDS, "ddp"])
+@pytest.mark.parametrize(("grad_sync", "every"), [("micro-batch", True), ("step", False)])
+@pytest.mark.parametrize("free_host", [1, 10**15])
+def test_an_explicit_grad_sync_is_what_the_strategy_does(
+    one_rank: DistInfo,
+    one_node: None,
+    monkeypatch: pytest.MonkeyPatch,
+    strategy_id: str,
+    grad_sync: str,
+    every: bool,
+    free_host: int,
+) -> None:
+    _host_memory(monkeypatch, free_host)  # memory does not matter once chosen
+    _, chosen, reduces = _decision(strategy_id, one_rank, grad_sync)
+    assert (chosen, reduces) == (every, every)
+
+
+@pytest.mark.parametrize("strategy_id", FSDP_IDS)
+@pytest.mark.parametrize("ranks_on_node", [1, 2])
+@pytest.mark.parametrize("below", [0, 1])
+def test_auto_grad_sync_under_fsdp_follows_the_memory_rule(
+    one_rank: DistInfo,
+    monkeypatch: pytest.MonkeyPatch,
+    strategy_id: str,
+    ranks_on_node: int,
+    below: int,
+) -> None:
+    """With exactly 4x the FP32 gradients' bytes free per rank they fit (reduce once per step); one byte less per
+    rank and they do not (every micro-batch). The node's memory is shared by its LOCAL_WORLD_SIZE ranks."""
+    trainable = _trainable(strategy_id)
+    free_host = ranks_on_node * (4 * 4 * trainable - below)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks_on_node))
+    _host_memory(monkeypatch, free_host)
+    expected = _auto_rule(trainable, free_host, ranks_on_node)
+    assert expected is bool(below)  # the two cases sit on either side of the threshold
+    _, chosen, reduces = _decision(strategy_id, one_rank, "auto")
+    assert (chosen, reduces) == (expected, expected)
+
+
+def test_auto_grad_sync_under_ddp_reduces_once_per_step(
+    one_rank: DistInfo, one_node: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _host_memory(monkeypatch, 1)  # even with no memory left: DDP keeps whole gradients anyway
+    _, chosen, reduces = _decision("ddp", one_rank, "auto")
+    assert (chosen, reduces) == (False, False)
+
+
+@pytest.mark.parametrize(("grad_sync", "every"), [("auto", True), ("micro-batch", True), ("step", False)])
+def test_cpu_offload_auto_reduces_every_micro_batch(
+    one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch, grad_sync: str, every: bool
+) -> None:
+    """Under --vla.cpu_offload `auto` keeps gradients sharded on the host whatever the memory (CPU offload itself
+    needs CUDA, so only the decision is asked for, on a strategy built with the CUDA check bypassed)."""
+    monkeypatch.setattr("prismatic.training.strategies.fsdp.check_cpu_offload", lambda *args: None)
+    _host_memory(monkeypatch, 10**15)
+    vla = get_vla_config(VLA)
+    vla.train_strategy, vla.cpu_offload = "fsdp-full-shard", True
+    vlm = build_vlm(BASE)
+    strategy = get_train_strategy(vlm, vla, one_rank, grad_sync=grad_sync)
+    assert strategy.choose_grad_sync() is every
+
+
+# === Two ranks on two "nodes": the hybrid mesh ====================================================================
+
+# (LOCAL_WORLD_SIZE, --sharding, strategy) -> what the mesh must be at world size 2.
+MESH_CASES = {
+    "two-nodes-auto": ("1", "auto", "fsdp-full-shard"),
+    "two-nodes-hybrid-grad-op": ("1", "hybrid", "fsdp-shard-grad-op"),
+    "two-nodes-full": ("1", "full", "fsdp-full-shard"),
+    "one-node-auto": ("2", "auto", "fsdp-full-shard"),
+    "one-node-hybrid": ("2", "hybrid", "fsdp-full-shard"),
+}
+
+
+def _worker(out_dir: Path) -> None:
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for case, (local_world, sharding, strategy_id) in MESH_CASES.items():
+        os.environ["LOCAL_WORLD_SIZE"] = local_world
+        nodes = world // int(local_world)
+        strategy = _built(strategy_id, DistInfo(rank, 0 if nodes > 1 else rank, world, nodes, CPU), sharding)
+        results[case] = describe_fsdp(strategy.model)
+        dist.barrier()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    from train_runs import run_torchrun_worker
+
+    out = tmp_path_factory.mktemp("strategy_builds")
+    run_torchrun_worker(__file__, out, timeout=300)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_two_nodes_build_a_replicate_by_shard_mesh(two_ranks: list[dict[str, Any]]) -> None:
+    """2 nodes x 1 rank: replicate across the nodes (size 2), shard within a node (size 1), in that order; each rank
+    holds whole parameters and is its own node's only rank."""
+    for case, reshard in (("two-nodes-auto", "reshard"), ("two-nodes-hybrid-grad-op", "keep")):
+        for rank, results in enumerate(two_ranks):
+            built = results[case]
+            assert built["one_mesh"]
+            assert built["mesh_dim_names"] == ["replicate", "shard"], case
+            assert built["mesh_shape"] == [2, 1], case
+            assert built["coordinate"] == [rank, 0], case
+            assert (built["replicate_size"], built["shard_size"]) == (2, 1), case
+            assert built["param_mesh_dim_names"] == ["replicate", "shard"], case
+            assert built["placements"] == ["Replicate", "Shard"], case
+            assert built["local_rows"] == built["rows"], case
+            assert built["reshard"] == [reshard], case
+
+
+@pytest.mark.parametrize("case", ["two-nodes-full", "one-node-auto", "one-node-hybrid"])
+def test_full_sharding_spans_both_ranks_on_one_dimension(two_ranks: list[dict[str, Any]], case: str) -> None:
+    """`--sharding full` on two nodes, and any sharding on one node: one `shard` dimension over both ranks, each
+    holding half of a parameter's rows."""
+    for rank, results in enumerate(two_ranks):
+        built = results[case]
+        assert (built["mesh_dim_names"], built["mesh_shape"]) == (["shard"], [2])
+        assert built["coordinate"] == [rank]
+        assert (built["shard_size"], built["replicate_size"]) == (2, None)
+        assert built["placements"] == ["Shard"]
+        assert built["local_rows"] * 2 == built["rows"]
+        assert built["reshard"] == ["reshard"]
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
