@@ -22,6 +22,10 @@ RESUME=()
 if [[ -f "${RUN_ROOT}/${RUN_ID}/checkpoints/latest" ]]; then RESUME=(--resume); fi
 
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The interface the nodes reach each other on, for NCCL (training) and gloo (barriers, preemption flag, background
+# saves); `ip -br addr` on a compute node lists them. Unset, gloo may pick one the other nodes cannot reach.
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-ib0}
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-ib0}
 
 # SIGTERM (preemption, or --signal 180 s before the time limit) reaches the batch shell: pass it to every torchrun,
 # whose workers save a checkpoint and exit 143; then requeue so the next allocation resumes.

@@ -14,12 +14,12 @@ SIGINT after saving a checkpoint (resume with --resume); 70 a worker whose torch
 
 from __future__ import annotations
 
-import os
 import sys
 
 from prismatic.conf.train import TrainConfig
 from prismatic.training.run_folder import RunFolder
 from prismatic.util.cli import entry_point, parse_config
+from prismatic.util.topology import num_nodes, world_size
 
 
 @entry_point
@@ -31,16 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown mixture or a dataset missing from data_root_dir is named before the model loads (minutes for 7B).
     """
     cfg = parse_config(TrainConfig, argv, doc=__doc__)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    cfg.validate(world_size)
+    world = world_size()
+    cfg.validate(world)
     if cfg.vla.cpu_offload:  # needs CUDA: refused now, not after the model and data have loaded
         import torch  # lazy: only this flag needs torch before training starts
 
         from prismatic.training.strategies.fsdp import check_cpu_offload
 
         check_cpu_offload(True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    num_nodes = max(1, world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
-    RunFolder.of(cfg, num_nodes).check(cfg)
+    RunFolder.of(cfg, num_nodes(world)).check(cfg)
     # lazy: --help and the refusals above skip the dataset tables (0.1 s)
     from prismatic.vla.datasets.rlds import resolve_mixture_dirs
 

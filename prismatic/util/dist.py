@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from prismatic.util.topology import num_nodes
+
 LAUNCHER_GONE_EXIT_CODE = 70  # a worker whose torchrun died exits with this code instead of training on
 LAUNCHER_POLL_S = 1.0
 
@@ -37,7 +39,6 @@ def init_distributed() -> DistInfo:
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
@@ -52,7 +53,7 @@ def init_distributed() -> DistInfo:
         )
     if "TORCHELASTIC_RUN_ID" in os.environ:
         exit_when_launcher_dies()
-    return DistInfo(rank, local_rank, world_size, max(1, world_size // max(1, local_world)), device)
+    return DistInfo(rank, local_rank, world_size, num_nodes(world_size), device)
 
 
 def exit_when_launcher_dies(poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:

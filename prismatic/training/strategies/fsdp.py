@@ -39,6 +39,7 @@ from prismatic.models.parallelize import (
 )
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.util.errors import ConfigError
+from prismatic.util.topology import local_world_size
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class FSDPStrategy(TrainingStrategy):
 
     def device_mesh(self) -> DeviceMesh:
         world, device_type = self.dist.world_size, self.dist.device.type
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        local = local_world_size(world)
         nodes = world // local if local and world % local == 0 else 1
         hybrid = self.sharding == "hybrid" or (self.sharding == "auto" and nodes > 1)
         if self.sharding == "hybrid" and nodes == 1:
@@ -180,7 +181,7 @@ class FSDPStrategy(TrainingStrategy):
         if self.dist.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.dist.device)[0]
         else:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.dist.world_size))
+            local = local_world_size(self.dist.world_size)
             free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") // max(1, local)
         every = need > UNSHARDED_GRAD_MEMORY_SHARE * free
         logger.info(
