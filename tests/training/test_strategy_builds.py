@@ -306,3 +306,20 @@ def test_full_sharding_spans_both_ranks_on_one_dimension(two_ranks: list[dict[st
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
+
+
+def test_ddp_refuses_a_gpu_whose_free_memory_cannot_hold_the_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights in their dtype plus, per trainable parameter, an FP32 gradient and two FP32 AdamW moments."""
+    from prismatic.training.strategies.ddp import check_replica_fits, replica_bytes
+    from prismatic.util.errors import ConfigError
+
+    model = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 2).to(torch.bfloat16))
+    model[1].requires_grad_(False)
+    need = 110 * 4 + 22 * 2 + 110 * 4 * 3  # FP32 layer: 110 params, trainable; bf16 layer: 22 params, frozen
+    assert replica_bytes(model) == need == 1804
+    check_replica_fits(model, torch.device("cpu"))  # CPU memory is not checked
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (need, 80 * 10**9))
+    check_replica_fits(model, torch.device("cuda", 0))  # exactly fits
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (need - 1, 80 * 10**9))
+    with pytest.raises(ConfigError, match=r"full replica .* on every GPU.*fsdp-full-shard"):
+        check_replica_fits(model, torch.device("cuda", 0))

@@ -1,4 +1,9 @@
-"""DDP strategy: every rank holds the whole model; gradients are all-reduced; bf16 through autocast."""
+"""DDP strategy: every rank holds the whole model; gradients are all-reduced; bf16 through autocast.
+
+Every GPU keeps a full replica: the weights, plus FP32 gradients and AdamW's two FP32 moments of every trainable
+parameter (a 7B full fine-tune: about 28 + 28 + 56 GB before activations). `check_replica_fits` refuses that on a
+GPU with less free memory, before anything is copied to it, and names the strategy that shards it instead.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,40 @@ from torch.nn.parallel import DistributedDataParallel
 
 from prismatic.models.distributed_init import materialize_from_rank0
 from prismatic.training.strategies.base import TrainingStrategy
+from prismatic.util.errors import ConfigError
+
+FP32_BYTES = 4
+
+
+def replica_bytes(model: torch.nn.Module) -> int:
+    """Bytes DDP keeps on every device: all parameters in their dtype, and for the trainable ones an FP32
+    gradient and AdamW's two FP32 moments (activations not included). Works on the meta device."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return weights + 3 * FP32_BYTES * trainable
+
+
+def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
+    """Refuse DDP on a GPU whose free memory cannot hold the replica (`replica_bytes`); CPUs are not checked.
+
+    Raises:
+        ConfigError: with both figures and the strategies that fit.
+    """
+    if device.type != "cuda":
+        return
+    need, free = replica_bytes(model), torch.cuda.mem_get_info(device)[0]
+    if need > free:
+        raise ConfigError(
+            f"--vla.train_strategy ddp keeps a full replica of the model on every GPU: {need / 1e9:.1f} GB of "
+            f"weights, FP32 gradients and AdamW moments, but {device} has {free / 1e9:.1f} GB free. Use "
+            "--vla.train_strategy fsdp-full-shard (shards all of it over the GPUs), or train LoRA adapters "
+            "(--vla.use_lora true)."
+        )
 
 
 class DDPStrategy(TrainingStrategy):
     def wrap_model(self) -> torch.nn.Module:
+        check_replica_fits(self.vlm, self.dist.device)
         materialize_from_rank0(self.vlm, None, self.dist.device)
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         # Frozen backbones produce no gradients; DDP must not wait for them.
