@@ -84,6 +84,9 @@ class TrainConfig:
     sharding: str = (
         "auto"  # FSDP: full (shard over all ranks), hybrid (shard in a node, replicate across), auto
     )
+    # How long a rank waits in a collective for the others, e.g. while a slow rank writes its checkpoint shards
+    # (torch's default, 10 minutes for NCCL, is short for a 7B save through slow storage).
+    dist_timeout_s: int = 3600  # seconds a rank waits for the others in a collective, >= 60
     image_aug: bool = False  # image augmentation in the data pipeline
     # Statistics, filtering, proprio and chunking choices (defaults as OpenVLA; docs/data_pipeline.md)
     data: DataOptions = field(default_factory=DataOptions)
@@ -118,6 +121,11 @@ class TrainConfig:
         if self.save_interval < 1:
             raise ConfigError(
                 f"--save_interval={self.save_interval} is out of range: it must be an integer >= 1."
+            )
+        if self.dist_timeout_s < 60:
+            raise ConfigError(
+                f"--dist_timeout_s={self.dist_timeout_s} is out of range: it must be an integer >= 60 (seconds a rank "
+                "waits for the others in a collective; a 7B checkpoint write can take minutes)."
             )
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"--seed={self.seed} is out of range: it must be an integer in [0, 2**32 - 1].")

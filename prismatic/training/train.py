@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import signal
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,7 @@ from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trackers import TrackerRun, build_trackers, read_metrics
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
 from prismatic.training.validation import build_validation
-from prismatic.util.dist import destroy_distributed, init_distributed
+from prismatic.util.dist import destroy_distributed, init_distributed, run_on_main
 from prismatic.util.files import check_dir_writable
 from prismatic.util.logging import setup_logging
 from prismatic.vla.datasets import save_dataset_statistics
@@ -41,7 +43,7 @@ logger = logging.getLogger(__name__)
 def train(cfg: TrainConfig) -> dict[str, float] | int:
     """Set up, load, loop, finish. Returns the last step's metrics (every rank), or the exit code after a
     preemption checkpoint. Collective: every torchrun worker calls it."""
-    dist_info = init_distributed()
+    dist_info = init_distributed(timedelta(seconds=cfg.dist_timeout_s))
     setup_logging(dist_info.rank)
     cfg.validate(dist_info.world_size)
     run = RunFolder.of(cfg, dist_info.num_nodes)
@@ -110,8 +112,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         for tracker in trackers:
             tracker.finish()
 
-    if cfg.checkpoint.export_final:
-        export_final(checkpointer.last_saved, run.path, dist_info.is_main)
+    if cfg.checkpoint.export_final:  # rank 0 exports while the others wait on gloo, not in an NCCL collective
+        export = partial(export_final, checkpointer.last_saved, run.path)
+        run_on_main(export, dist_info, timeout=timedelta(seconds=cfg.dist_timeout_s))
     if dist_info.is_main:
         log_summary(run, data.num_training_steps, last)
     destroy_distributed()
@@ -125,16 +128,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def export_final(checkpoint: Path, run_dir: Path, is_main: bool) -> None:
-    """`--checkpoint.export_final`: the HF OpenVLA export of the last checkpoint in <run_dir>/hf (rank 0 reads the
-    shards; the others wait). Collective."""
-    if is_main:
-        loaded = load_vla(checkpoint, dtype="bfloat16")
-        out = export_hf_openvla(
-            loaded.vlm, spec_of(loaded.vlm), run_dir / "hf", norm_stats=loaded.norm_stats, dtype="bfloat16"
-        )
-        logger.info("Exported %s to %s (HF OpenVLA layout, bf16)", checkpoint, out)
-    dist.barrier()
+def export_final(checkpoint: Path, run_dir: Path) -> None:
+    """`--checkpoint.export_final`: the HF OpenVLA export of the last checkpoint in <run_dir>/hf (rank 0)."""
+    loaded = load_vla(checkpoint, dtype="bfloat16")
+    out = export_hf_openvla(
+        loaded.vlm, spec_of(loaded.vlm), run_dir / "hf", norm_stats=loaded.norm_stats, dtype="bfloat16"
+    )
+    logger.info("Exported %s to %s (HF OpenVLA layout, bf16)", checkpoint, out)
 
 
 def log_summary(run: RunFolder, num_training_steps: int, last: dict[str, float]) -> None:

@@ -34,8 +34,12 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Join the torchrun process group (a group of one when run without torchrun); pick device and backend."""
+def init_distributed(timeout: timedelta | None = None) -> DistInfo:
+    """Join the torchrun process group (a group of one when run without torchrun); pick device and backend.
+
+    `timeout`: how long a rank waits in a collective of the default group for the others (None: torch's default,
+    10 minutes for NCCL); training sets it from `--dist_timeout_s` so a slow rank's checkpoint write fits.
+    """
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -49,7 +53,11 @@ def init_distributed() -> DistInfo:
             os.environ["MASTER_ADDR"] = "127.0.0.1"
             os.environ["MASTER_PORT"] = str(_free_port())
         dist.init_process_group(
-            backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device if backend == "nccl" else None,
         )
     if "TORCHELASTIC_RUN_ID" in os.environ:
         exit_when_launcher_dies()
@@ -87,18 +95,27 @@ def run_once_per_node(
 ) -> None:
     """Run `fn` on every node's local rank 0 while the node's other ranks wait; for filling a cache (dataset
     statistics) that they then read instead of each computing it, which would multiply a pass that can take
-    hours and its memory by the ranks per node.
+    hours and its memory by the ranks per node. Collective."""
+    _run_while_others_wait(fn, info, info.local_rank == 0, timeout)
 
-    The wait is a barrier on a gloo group with a long `timeout`: the default group's (NCCL: 10 minutes) would
-    expire during a long pass. If `fn` raises on local rank 0, the barrier is still reached, so the other ranks go
-    on (and meet the same error themselves) instead of waiting out the timeout.
-    """
+
+def run_on_main(fn: Callable[[], Any], info: DistInfo, *, timeout: timedelta) -> None:
+    """Run `fn` on rank 0 while every other rank waits (rank 0's HF export after training). Collective."""
+    _run_while_others_wait(fn, info, info.is_main, timeout)
+
+
+def _run_while_others_wait(
+    fn: Callable[[], Any], info: DistInfo, runs_here: bool, timeout: timedelta
+) -> None:
+    """The wait is a barrier on a gloo group made before `fn` starts, with `timeout`: the default group's (NCCL: its
+    watchdog) could expire during a long write. If `fn` raises, the barrier is still reached, so the other ranks go
+    on (and meet the error themselves) instead of waiting out the timeout."""
     if info.world_size == 1 or not dist.is_initialized():
         fn()
         return
     group = dist.new_group(backend="gloo", timeout=timeout)
     try:
-        if info.local_rank == 0:
+        if runs_here:
             fn()
     finally:
         dist.barrier(group=group)
