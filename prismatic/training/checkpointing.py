@@ -55,6 +55,7 @@ from prismatic.models.checkpoint_format import (
     read_train_state,
 )
 from prismatic.run_layout import (
+    CHECKPOINT_DIR,
     CHECKPOINTS_DIR,
     DATA_SNAPSHOT_DIR,
     LATEST_POINTER,
@@ -287,10 +288,13 @@ class CheckpointManager:
             return
         stale = None
         if final.exists():  # the same step saved again (a run resumed from an older checkpoint): replace it
-            # While the old copy is moved aside, `latest` names the run's previous complete checkpoint (or nothing),
-            # never a missing folder: a crash in between resumes from there.
-            previous = [c for c in complete_checkpoints(self.dir) if c != final]
-            self._point_latest_at(previous[-1] if previous else None)
+            # While the old copy is moved aside, `latest` names the newest complete checkpoint of an earlier step
+            # (the resumed run's lineage; or nothing), never a missing folder: a crash in between resumes there.
+            step = int(CHECKPOINT_DIR.match(final.name)["step"])
+            earlier = [
+                c for c in complete_checkpoints(self.dir) if int(CHECKPOINT_DIR.match(c.name)["step"]) < step
+            ]
+            self._point_latest_at(earlier[-1] if earlier else None)
             stale = final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
             final.rename(stale)
         tmp.rename(final)

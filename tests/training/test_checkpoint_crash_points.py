@@ -240,6 +240,27 @@ def test_a_crash_while_the_same_step_is_saved_again_leaves_latest_naming_a_compl
     assert run.assert_latest_is_complete().name == expected
 
 
+@pytest.mark.parametrize(("again", "expected"), [(3, 2), (2, 1)])
+def test_while_a_step_is_saved_again_latest_names_the_newest_earlier_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, again: int, expected: int
+) -> None:
+    """Steps 1-3 saved, then step `again` saved again (a run resumed from an earlier checkpoint): a crash before the
+    new folder is in place leaves `latest` on the newest step before it, never on the abandoned later step 3."""
+    run = Run(tmp_path)
+    for step in (1, 2, 3):
+        run.train_and_save(step)
+    name = checkpoint_dir_name(again, 0)
+    with monkeypatch.context() as mp:
+        mp.setattr(
+            Path,
+            "rename",
+            _crash_when(Path.rename, lambda src, dst: Path(src).name.startswith(TMP_PREFIX + name)),
+        )
+        with pytest.raises(Crash):
+            run.train_and_save(again)
+    assert run.assert_latest_is_complete().name == checkpoint_dir_name(expected, 0)
+
+
 def test_saving_the_only_checkpoint_s_step_again_never_leaves_a_dangling_pointer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
