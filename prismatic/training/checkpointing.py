@@ -385,12 +385,11 @@ class Checkpointer:
         )
         return self.manager.save(self.state, {**self.counters, **self.facts}, snapshot, blocking=blocking)
 
-    def restore(
-        self, resume: Resume | None, pretrained_checkpoint: Path | None, model: torch.nn.Module
-    ) -> None:
+    def restore(self, resume: Resume | None, pretrained_checkpoint: Path | None) -> None:
         """Continue `resume` (the data stream at this rank's share of its frames, then model, optimizer, schedule,
         counters and, on the same world size, RNG states), or load `pretrained_checkpoint`'s weights only
         (`--is_resume false`), or nothing for a new run."""
+        model = self.state["model"].model
         if resume is None:
             if pretrained_checkpoint is not None:
                 load_full_model_weights(

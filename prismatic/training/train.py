@@ -64,7 +64,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
     strategy.setup(data.num_training_steps)
     checkpointer = build_checkpointer(cfg, run, strategy, data.dataset, resume)
-    checkpointer.restore(resume, cfg.pretrained_checkpoint, strategy.model)
+    checkpointer.restore(resume, cfg.pretrained_checkpoint)
     if dist_info.is_main:
         run.write_run_files(cfg, resume, head.spec.to_dict())
         save_dataset_statistics(data.dataset.dataset_statistics, run.path)
