@@ -26,6 +26,8 @@ if typing.TYPE_CHECKING:
     from prismatic.models.lora import LoraSettings
 
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
+OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # --vla.optimizer_impl
+SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
 
 
 @dataclass
@@ -81,9 +83,23 @@ class VLAConfig(ChoiceRegistry):
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
 
+    # Speed. `auto` turns a means on where it was measured to win (CUDA) and leaves CPU runs as they were;
+    # `on` / `off` force it (docs/performance.md has the figures).
+    optimizer_impl: str = "auto"  # AdamW: auto (fused on CUDA), fused, foreach or for-loop
+    logits_at_labels: str = "auto"  # tokens head: the LM head only at labelled positions (auto, on, off)
+    causal_mask_only: str = "auto"  # right-padded batches drop their padding mask (auto, on, off)
+    compile: bool = (
+        False  # torch.compile each LLM decoder layer and ViT block (FSDP and checkpointing unchanged)
+    )
+
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
         self.check_values()
+
+    def speed_option(self, name: str, device: Any) -> bool:
+        """Whether the `auto` / `on` / `off` speed flag `name` is on for a run on `device` (auto: CUDA only)."""
+        value = getattr(self, name)
+        return value == "on" or (value == "auto" and getattr(device, "type", device) == "cuda")
 
     def lora_settings(self) -> LoraSettings | None:
         """The LoRA settings when `use_lora`, else None."""
@@ -128,6 +144,9 @@ class VLAConfig(ChoiceRegistry):
             ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
             ("train_strategy", self.train_strategy, TRAIN_STRATEGIES),
             ("action_head", self.action_head, ACTION_HEADS),
+            ("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLEMENTATIONS),
+            ("logits_at_labels", self.logits_at_labels, SPEED_SWITCHES),
+            ("causal_mask_only", self.causal_mask_only, SPEED_SWITCHES),
         ):
             if value not in choices:
                 raise ConfigError(

@@ -55,9 +55,14 @@ def action_spec(vla: VLAConfig, statistics: Mapping[str, Any]) -> ActionSpec:
     )
 
 
-def attach_action_head(vlm: PrismaticVLM, vla: VLAConfig, statistics: Mapping[str, Any]) -> ActionHead:
+def attach_action_head(
+    vlm: PrismaticVLM, vla: VLAConfig, statistics: Mapping[str, Any], device: Any = None
+) -> ActionHead:
     """Attach the action side `action_spec` decides to `vlm` (its read-out and proprio modules) and return the
-    head that lays out, scores and decodes its actions."""
+    head that lays out, scores and decodes its actions; `device` (where training runs) decides the `auto` of
+    `--vla.logits_at_labels`."""
     spec = action_spec(vla, statistics)
     vlm.attach_action_modules(spec)
-    return build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
+    head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
+    head.logits_at_labels = device is not None and vla.speed_option("logits_at_labels", device)
+    return head

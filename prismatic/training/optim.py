@@ -1,4 +1,10 @@
-"""AdamW with decay only on matrices (not biases / norms / 1-D params) and the two LR schedules."""
+"""AdamW with decay only on matrices (not biases / norms / 1-D params) and the two LR schedules.
+
+AdamW's implementation (`--vla.optimizer_impl`): torch picks its foreach kernels only for plain tensors, so with
+FSDP2's DTensor parameters it falls back to a Python loop over every trainable tensor (two host syncs each per
+step on CUDA). `auto` asks for the fused kernel on CUDA and keeps torch's own choice on CPU, where earlier runs'
+numbers stay as they were.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,30 @@ from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
+from prismatic.conf.vla import OPTIMIZER_IMPLEMENTATIONS
 from prismatic.util.errors import ConfigError
 
 
-def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> AdamW:
-    """AdamW over the trainable parameters; biases and norm weights (ndim <= 1) get no weight decay."""
+def adamw_implementation(choice: str, device: torch.device) -> str:
+    """The AdamW implementation `--vla.optimizer_impl` means on `device`: `auto` is fused on CUDA and torch's
+    default ("default") elsewhere."""
+    if choice not in OPTIMIZER_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"Unknown optimizer_impl '{choice}' (--vla.optimizer_impl). Valid choices: "
+            f"{', '.join(OPTIMIZER_IMPLEMENTATIONS)}."
+        )
+    if choice == "auto":
+        return "fused" if device.type == "cuda" else "default"
+    return choice
+
+
+def build_optimizer(
+    model: torch.nn.Module, learning_rate: float, weight_decay: float, implementation: str = "default"
+) -> AdamW:
+    """AdamW over the trainable parameters; biases and norm weights (ndim <= 1) get no weight decay.
+
+    `implementation`: "fused", "foreach", "for-loop" or "default" (torch's choice), see `adamw_implementation`.
+    """
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -22,7 +47,8 @@ def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: 
     if not decay and not no_decay:
         raise ConfigError("No trainable parameters: check the freeze flags of the chosen --vla.type.")
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return AdamW(groups, lr=learning_rate)
+    kwargs = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+    return AdamW(groups, lr=learning_rate, **kwargs.get(implementation, {}))
 
 
 def build_lr_scheduler(

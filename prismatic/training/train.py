@@ -58,7 +58,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights; data order differs by rank
 
     vlm = build_vlm(cfg.vla, cfg.resolve_hf_token())
-    head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info))
+    head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info), dist_info.device)
     data = build_train_data(cfg, vlm, head, dist_info)
     check_resume_before_end(resume, data.num_training_steps)
     strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)

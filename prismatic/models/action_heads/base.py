@@ -40,6 +40,7 @@ class DecodeRequest:
     device: torch.device
     constrained: bool = True  # token heads: decode only action-token ids
     use_cache: bool = True  # token heads: KV-cached decoding (False re-runs the sequence; same result)
+    static_cache: bool | None = None  # token heads: CUDA-graph replay over a static cache (None: on CUDA)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class ActionHead(ABC):
 
     def __init__(self, spec: ActionSpec, action_tokenizer: Any, num_prefix_tokens: int) -> None:
         self.spec, self.action_tokenizer, self.num_prefix_tokens = spec, action_tokenizer, num_prefix_tokens
+        # `--vla.logits_at_labels`: heads whose loss reads the LM head compute it at the labelled positions only.
+        self.logits_at_labels = False
 
     @property
     def chunked(self) -> bool:

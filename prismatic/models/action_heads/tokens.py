@@ -64,11 +64,41 @@ class TokenActionHead(ActionHead):
 
     def __call__(self, model: nn.Module, batch: dict[str, Any], *, with_loss: bool = True) -> HeadOutput:
         labels = batch["labels"]
+        if self.logits_at_labels:
+            return self._at_labels(model, batch, labels, with_loss)
         output = model(**self.model_inputs(batch), labels=labels if with_loss else None)
         return HeadOutput(
             loss=output.loss if with_loss else output.logits.new_zeros(()),
             sums=self.sums(output.logits, labels),
         )
+
+    def label_positions(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The text positions `[B, K]` whose next token is labelled (in order), and those targets.
+
+        K is this layout's label count (one token per action value, then EOS), so no device sync is needed to
+        size it; a row with fewer labels (truncated) fills its tail with unlabelled positions, whose targets are
+        IGNORE_INDEX. Position j predicts text token j + 1.
+        """
+        targets = labels[:, 1:]
+        count = min(self.spec.chunk_size * self.spec.action_dim + 1, targets.shape[1])
+        supervised = (targets != IGNORE_INDEX).to(torch.uint8)
+        order = torch.sort(supervised, dim=1, descending=True, stable=True).indices[:, :count]
+        return order, targets.gather(1, order)
+
+    def _at_labels(
+        self, model: nn.Module, batch: dict[str, Any], labels: torch.Tensor, with_loss: bool
+    ) -> HeadOutput:
+        """The loss and sums from the logits at the labelled positions only (`--vla.logits_at_labels`): the same
+        mean cross-entropy over labelled tokens as the LLM's own loss, without a `[B, S, vocab]` logits tensor."""
+        positions, targets = self.label_positions(labels)
+        output = model(**self.model_inputs(batch), logits_positions=positions + self.num_prefix_tokens)
+        logits = output.logits.float()
+        loss = (
+            F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+            if with_loss
+            else logits.new_zeros(())
+        )
+        return HeadOutput(loss=loss, sums=self._sums(logits, targets))
 
     @torch.no_grad()
     def sums(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -78,12 +108,16 @@ class TokenActionHead(ActionHead):
         predicted at position num_prefix_tokens + j - 1. No host synchronisation: masks multiply.
         """
         text_logits = logits[:, self.num_prefix_tokens : -1]
-        targets = labels[:, 1:].to(text_logits.device)
+        return self._sums(text_logits, labels[:, 1:].to(text_logits.device))
+
+    @torch.no_grad()
+    def _sums(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """`sums` of logits `[B, T, vocab]` already aligned with their targets `[B, T]`."""
         ce = F.cross_entropy(
-            text_logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
         ).view_as(targets)  # 0 where ignored
         supervised = targets != IGNORE_INDEX
-        preds = text_logits.argmax(dim=-1)
+        preds = logits.argmax(dim=-1)
         action = targets > self.action_tokenizer.action_token_begin_idx
         correct = (preds == targets) & action
         l1 = (self._decode(preds) - self._decode(targets)).abs() * action
@@ -114,6 +148,7 @@ class TokenActionHead(ActionHead):
             pad_id=request.pad_id,
             allowed_ids=action_ids if request.constrained else None,
             use_cache=request.use_cache,
+            static_cache=request.static_cache,
             proprio=request.proprio,
         )
         token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()

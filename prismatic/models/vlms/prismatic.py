@@ -247,6 +247,7 @@ class PrismaticVLM(nn.Module):
         labels: torch.Tensor | None = None,
         proprio: torch.Tensor | None = None,
         action_mask: torch.Tensor | None = None,
+        logits_positions: torch.Tensor | None = None,
     ) -> CausalLMOutputWithPast | ActionChunkOutput:
         """Run the VLM on a batch where every example has an image.
 
@@ -275,6 +276,9 @@ class PrismaticVLM(nn.Module):
             attention_mask = torch.cat([attention_mask[:, :1], prefix_mask, attention_mask[:, 1:]], dim=1)
         if action_mask is not None:
             return self._parallel_decode(inputs_embeds, attention_mask, action_mask, num_prefix)
+        if logits_positions is not None:
+            logits = self.llm_backbone.logits_at(inputs_embeds, attention_mask, logits_positions)
+            return CausalLMOutputWithPast(logits=logits)
         if labels is not None:
             prefix_labels = labels.new_full((batch_size, num_prefix), IGNORE_INDEX)
             labels = torch.cat([labels[:, :1], prefix_labels, labels[:, 1:]], dim=1)

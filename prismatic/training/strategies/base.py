@@ -18,11 +18,12 @@ from prismatic.conf.vla import VLAConfig
 from prismatic.models.parallelize import (
     apply_llm_activation_checkpointing,
     bf16_supported,
+    compile_blocks,
     format_param_bytes,
     param_bytes_by_dtype,
 )
 from prismatic.models.vlms.prismatic import PrismaticVLM
-from prismatic.training.optim import build_lr_scheduler, build_optimizer
+from prismatic.training.optim import adamw_implementation, build_lr_scheduler, build_optimizer
 from prismatic.util.dist import DistInfo
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class TrainingStrategy(ABC):
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.sync_every_micro_batch = False
+        self.causal_mask_only = vla.speed_option("causal_mask_only", dist_info.device)
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -73,6 +75,10 @@ class TrainingStrategy(ABC):
         device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
             apply_llm_activation_checkpointing(self.vlm)
+        if self.vla.compile:
+            logger.info(
+                "torch.compile: %d blocks (compiled on their first forward)", compile_blocks(self.vlm)
+            )
         self.model = self.wrap_model()
         logger.info("Parameter memory: %s", format_param_bytes(param_bytes_by_dtype(self.model)))
         if self.grad_accumulation_steps > 1:
@@ -84,17 +90,30 @@ class TrainingStrategy(ABC):
                 if self.sync_every_micro_batch
                 else "once per step (unsharded gradients kept between micro-batches)",
             )
-        self.optimizer = build_optimizer(self.model, self.vla.learning_rate, self.vla.weight_decay)
+        self.optimizer = build_optimizer(
+            self.model,
+            self.vla.learning_rate,
+            self.vla.weight_decay,
+            implementation=adamw_implementation(self.vla.optimizer_impl, self.dist.device),
+        )
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer, self.vla.lr_scheduler_type, num_training_steps, self.vla.warmup_ratio
         )
 
     # --- hooks the loop calls -------------------------------------------------------------------------------
     def accumulate(self, is_last_micro_batch: bool) -> contextlib.AbstractContextManager:
-        """Gradient sync on the step's last micro-batch (or on every one, when chosen); local accumulation else."""
-        if is_last_micro_batch or self.sync_every_micro_batch:
+        """Gradient sync on the step's last micro-batch; local accumulation on the others, or, when gradients are
+        reduced after every micro-batch, that reduction without its cross-node part (`defer_cross_node_reduce`)."""
+        if is_last_micro_batch:
             return contextlib.nullcontext()
+        if self.sync_every_micro_batch:
+            return self.defer_cross_node_reduce()
         return self.no_sync()
+
+    def defer_cross_node_reduce(self) -> contextlib.AbstractContextManager:
+        """Context for a non-final micro-batch reduced at once: strategies whose mesh replicates across nodes (FSDP's
+        hybrid sharding) keep the cross-node all-reduce for the last micro-batch; here nothing changes."""
+        return contextlib.nullcontext()
 
     def clip_grad_norm(self) -> torch.Tensor:
         """Clip to `max_grad_norm`; return the global norm as a (local, device) tensor without waiting for it."""
@@ -104,14 +123,33 @@ class TrainingStrategy(ABC):
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The model's inputs on the device; host copies are non-blocking (the loader pins memory on GPU)."""
+        """Every tensor of the batch on the device (host copies are non-blocking: the loader pins memory on GPU).
+
+        With `--vla.causal_mask_only` (auto: on CUDA) a right-padded batch drops its attention mask: causal
+        attention already hides right padding from every real token (the pads' own outputs carry no labels), and
+        without a mask SDPA may pick its flash kernel and transformers skips its mask checks, which wait for the
+        device. The check reads the host copy, so it costs no device sync.
+        """
         device = self.dist.device
-        out = dict(batch)
-        for key in ("input_ids", "attention_mask", "labels"):
-            out[key] = batch[key].to(device, non_blocking=True)
-        pixels = batch["pixel_values"]
-        if isinstance(pixels, dict):
-            out["pixel_values"] = {k: v.to(device, non_blocking=True) for k, v in pixels.items()}
-        else:
-            out["pixel_values"] = pixels.to(device, non_blocking=True)
+        out = {key: _to_device(value, device) for key, value in batch.items()}
+        mask = batch.get("attention_mask")
+        if self.causal_mask_only and isinstance(mask, torch.Tensor) and is_right_padded(mask):
+            out["attention_mask"] = None
         return out
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {key: _to_device(item, device) for key, item in value.items()}
+    return value
+
+
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every row is ones then zeros (padding only on the right); False for a mask not on the host, whose
+    check would wait for the device."""
+    if attention_mask.device.type != "cpu":
+        return False
+    mask = attention_mask.bool()
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())

@@ -40,6 +40,20 @@ class LLMBackbone(nn.Module, ABC):
             **kwargs,
         )
 
+    def logits_at(
+        self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits `[B, K, vocab]` at `positions` (int64 `[B, K]`) only: the decoder, a gather, then the LM head.
+
+        The LM head is the largest matmul of a short-answer sequence (~290 positions x 32k vocabulary at 7B); a
+        loss that reads K positions needs only those rows, as the model's own `logits_to_keep` slice does.
+        """
+        hidden = self.llm.get_decoder()(
+            inputs_embeds=inputs_embeds, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+        return self.llm.get_output_embeddings()(picked)
+
     @abstractmethod
     def last_hidden_state(self, inputs_embeds: torch.Tensor, attention_mask_4d: torch.Tensor) -> torch.Tensor:
         """The decoder's final (normed) hidden states `[B, S, D]` under a custom mask (bool `[B, 1, S, S]`, True =
