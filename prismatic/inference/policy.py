@@ -126,6 +126,9 @@ class VLAPolicy:
         self._prompt_cache: dict[str, list[int]] = {}
         self.action_spec = vlm.action_spec
         self.head = build_action_head(self.action_spec, self.action_tokenizer, vlm.num_prefix_tokens)
+        # Token heads on CUDA decode over a static KV cache replayed from CUDA graphs (None: where supported);
+        # False keeps the dynamic cache (`prismatic.models.static_decoding`; the ids are the same).
+        self.static_cache: bool | None = None
 
     @property
     def chunk_size(self) -> int:
@@ -336,6 +339,7 @@ class VLAPolicy:
             device=self.device,
             constrained=self.constrained if constrained is None else constrained,
             use_cache=use_cache,
+            static_cache=self.static_cache,
         )
         predicted = self.head.predict(self.vlm, request)
         actions = self.unnormalize(predicted.normalized, resolved)

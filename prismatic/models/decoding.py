@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from prismatic.models import static_decoding
 from prismatic.util.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ def greedy_decode(
     allowed_ids: range | None,
     use_cache: bool = True,
     proprio: torch.Tensor | None = None,
+    static_cache: bool | None = None,
 ) -> GreedyTokens:
     """Greedily decode `num_tokens` tokens for each of B prompts (each starting with BOS) and images.
 
@@ -130,12 +132,16 @@ def greedy_decode(
         allowed_ids: the contiguous id range decoding may choose from (the action tokens), or None for every id.
         use_cache: reuse keys and values across steps (False: re-run the full sequence every step).
         proprio: `[B, P]` normalised proprio, for a VLM with a proprio projector.
+        static_cache: with `use_cache`, decode over a static KV cache with each step replayed from a CUDA graph
+            (`prismatic.models.static_decoding`; same ids). None: on CUDA where the model supports it. On CPU it
+            runs the same steps eagerly (tests).
 
     Returns:
         The chosen ids and their log-probabilities, `[B, num_tokens]` each.
     """
     llm = vlm.llm_backbone.llm
     keep_last = _keep_last_logits_kwarg(llm)
+    cache_name = static_decoding.cache_kwarg(llm)  # the output's field has the input's name
 
     def prompt() -> tuple[torch.Tensor, torch.Tensor]:
         return _left_padded_embeddings(vlm, prompt_ids, pixel_values, pad_id, proprio)
@@ -150,6 +156,28 @@ def greedy_decode(
         return index + offset, logprobs.gather(-1, index[:, None])[:, 0]
 
     embeds, mask = prompt()
+    device = embeds.device
+    if static_cache is None:
+        static_cache = device.type == "cuda"
+    if use_cache and static_cache and static_decoding.supported(llm):
+        decoder = static_decoding.static_decoder(
+            llm,
+            lambda ids: vlm.llm_backbone.embed_input_ids(ids),
+            choose,
+            (embeds.dtype, allowed_ids),
+            embeds.shape[0],
+            embeds.shape[1] + num_tokens,
+            device,
+            device.type == "cuda",
+            keep_last,
+        )
+        decoder.prefill(embeds, mask, _positions(mask))
+        chosen = [(decoder.token.clone(), decoder.logprob.clone())]
+        for _ in range(num_tokens - 1):
+            decoder.step()
+            chosen.append((decoder.token.clone(), decoder.logprob.clone()))
+        ids, logprobs = zip(*chosen, strict=True)
+        return GreedyTokens(torch.stack(ids, dim=1).cpu(), torch.stack(logprobs, dim=1).cpu())
     out = llm(
         inputs_embeds=embeds,
         attention_mask=mask,
@@ -171,8 +199,8 @@ def greedy_decode(
                 inputs_embeds=token_embeds,
                 attention_mask=mask,
                 position_ids=_positions(mask)[:, -1:],
-                past_key_values=out.past_key_values,
                 use_cache=True,
+                **{cache_name: getattr(out, cache_name)},
                 **keep_last,
             )
         else:

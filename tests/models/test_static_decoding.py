@@ -1,0 +1,97 @@
+"""Static-cache decoding (`prismatic.models.static_decoding`, CUDA-graph replay on GPU) gives the dynamic KV cache's
+ids: on CPU in FP32 the same steps run eagerly, so the ids must be equal and the log-probabilities equal to FP32
+rounding, for single requests and for batches of different prompt lengths (left padding), constrained or not.
+The reference is `greedy_decode`'s dynamic-cache path (itself pinned against re-running the full sequence)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from prismatic.models import build_vlm, static_decoding
+from prismatic.models.action_heads import ActionSpec
+from prismatic.models.decoding import greedy_decode
+
+PROMPTS = (
+    "In: What action should the robot take to pick up the can?\nOut: ",
+    "In: push\nOut: ",
+    "In: open the drawer now\nOut: ",
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    vlm = build_vlm("tiny-dinosiglip+tiny-llama").eval()
+    vlm.attach_action_modules(ActionSpec(action_dim=7))
+    tokenizer = vlm.llm_backbone.tokenizer
+    transform = vlm.vision_backbone.get_image_transform()
+    images = [
+        transform(Image.fromarray(np.random.default_rng(i).integers(0, 256, (64, 64, 3), dtype=np.uint8)))
+        for i in range(len(PROMPTS))
+    ]
+    pixels = {key: torch.stack([image[key] for image in images]) for key in images[0]}
+    prompts = [tokenizer(text).input_ids for text in PROMPTS]
+    return vlm, prompts, pixels, tokenizer.pad_token_id
+
+
+def _decode(model, rows: slice, allowed: range | None, static: bool):
+    vlm, prompts, pixels, pad_id = model
+    return greedy_decode(
+        vlm,
+        prompts[rows],
+        {key: value[rows] for key, value in pixels.items()},
+        7,
+        pad_id=pad_id,
+        allowed_ids=allowed,
+        static_cache=static,
+    )
+
+
+@pytest.mark.parametrize("allowed", [range(768, 1024), None], ids=["constrained", "unconstrained"])
+@pytest.mark.parametrize("rows", [slice(0, 1), slice(0, 3)], ids=["one", "batch"])
+def test_static_cache_ids_equal_the_dynamic_cache(model, rows: slice, allowed: range | None) -> None:
+    assert static_decoding.supported(model[0].llm_backbone.llm)
+    dynamic = _decode(model, rows, allowed, static=False)
+    static = _decode(model, rows, allowed, static=True)
+    assert torch.equal(static.token_ids, dynamic.token_ids)
+    torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+    again = _decode(model, rows, allowed, static=True)  # the kept cache, reset and refilled
+    assert torch.equal(again.token_ids, static.token_ids) and torch.equal(again.logprobs, static.logprobs)
+
+
+def test_decoders_are_kept_per_shape_and_bounded(model) -> None:
+    llm = model[0].llm_backbone.llm
+    llm.__dict__.pop("_static_decoders", None)
+    _decode(model, slice(1, 2), range(768, 1024), static=True)
+    _decode(model, slice(1, 2), range(768, 1024), static=True)  # the same shape: the same decoder again
+    kept = llm.__dict__["_static_decoders"]
+    assert len(kept) == 1 and next(iter(kept.values())).max_len % static_decoding.CACHE_BUCKET == 0
+    for batch in range(1, static_decoding.MAX_GRAPHS + 2):
+        vlm, prompts, pixels, pad_id = model
+        greedy_decode(
+            vlm,
+            [prompts[1]] * batch,
+            {key: value[1:2].expand(batch, -1, -1, -1) for key, value in pixels.items()},
+            2,
+            pad_id=pad_id,
+            allowed_ids=None,
+            static_cache=True,
+        )
+    assert len(kept) == static_decoding.MAX_GRAPHS
+
+
+def test_eager_attention_falls_back_to_the_dynamic_cache(model) -> None:
+    llm = model[0].llm_backbone.llm
+    kernel = llm.config._attn_implementation
+    try:
+        llm.config._attn_implementation = "eager"
+        assert not static_decoding.supported(llm)
+        llm.__dict__.pop("_static_decoders", None)
+        ids = _decode(model, slice(0, 3), None, static=True).token_ids
+        assert "_static_decoders" not in llm.__dict__
+    finally:
+        llm.config._attn_implementation = kernel
+    assert torch.equal(ids, _decode(model, slice(0, 3), None, static=False).token_ids)
