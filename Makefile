@@ -31,6 +31,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile
 
+# The GPU suite (tests/gpu, marker `gpu`; `make test` skips it without CUDA): NCCL, FSDP2 + bf16 + accumulation vs
+# CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, the policy and server in bf16, 2 ranks when there are
+# 2 GPUs; < 5 min on one GPU. On a GPU machine with torch but no venv: `make test-gpu PY=python3` (installs nothing).
+PY ?= $(BIN)/python
+.PHONY: test-gpu
+test-gpu: $(if $(filter $(BIN)/python,$(PY)),$(STAMP))
+	$(PY) -m pytest -q -m gpu tests/gpu
+
 check: $(STAMP)
 	$(BIN)/ruff check prismatic vla_scripts tests benchmarks
 	$(BIN)/ruff format --check prismatic vla_scripts tests benchmarks
@@ -83,8 +91,17 @@ bench-data-resume: $(STAMP)
 	$(BIN)/python vla_scripts/build_toy_dataset.py --data_root_dir $(DATA_ROOT)
 	$(BIN)/python benchmarks/bench_data_resume.py --data_root_dir $(DATA_ROOT)
 
+# GPU benchmark (benchmarks/bench_gpu.py): the registry's 7B and ~1B architectures (random weights, no download)
+# through training's set-up and step, before / after the speed flags (ms/step, TFLOP/s, MFU, peak memory, host
+# syncs), then predict_action latency and batch throughput on the 7B shape. On a machine with a GPU and torch but
+# no venv: `make bench-gpu PY=python3`. `BENCH_GPU_ARGS="--device cpu"` runs the tiny ids (what a test keeps working).
+BENCH_GPU_ARGS ?=
+.PHONY: bench-gpu
+bench-gpu: $(if $(filter $(BIN)/python,$(PY)),$(STAMP))
+	$(PY) benchmarks/bench_gpu.py $(BENCH_GPU_ARGS)
+
 # All benchmarks; each prints its figures.
-bench: bench-data bench-train bench-predict bench-serve bench-load bench-checkpoint bench-startup bench-data-resume
+bench: bench-data bench-train bench-predict bench-serve bench-load bench-checkpoint bench-startup bench-data-resume bench-gpu
 
 # Mutation testing (cosmic-ray) of the modules that decide the numbers users depend on, against their fast tests,
 # in a private copy of the tree (the checkout is never mutated). Prints per module and in total: mutants, killed,

@@ -1,0 +1,442 @@
+"""GPU benchmark: the registry's real VLM architectures (random weights, nothing downloaded) through the real set-up
+path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on the 7B shape.
+
+    make bench-gpu                                   # one GPU: the 7B and ~1B cases, before/after the speed flags
+    python benchmarks/bench_gpu.py --device cpu      # the tiny ids on CPU (what CI runs)
+    python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --peak_tflops 989
+
+Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token
+for modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against
+the device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory and host syncs per step (counted
+with `torch.cuda.set_sync_debug_mode`: each synchronising call warns once per occurrence). Each case runs under
+`variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask, eager), `new`
+the defaults (`auto`), `new+compile` adds `--vla.compile`. Frames come from the project's own batch transform and
+collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data on disk. The set-up is
+training's: `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()`
+(FSDP2 over a group of one, bf16, activation checkpointing on), then `train_loop` itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from prismatic.conf.vla import VLAConfig  # noqa: E402
+from prismatic.models.action_heads import ActionSpec, build_action_head  # noqa: E402
+from prismatic.models.backbones.llm.registry import get_llm_backbone_spec  # noqa: E402
+from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
+from prismatic.models.lora import apply_lora  # noqa: E402
+from prismatic.models.materialize import VLMArchitecture, build_vlm, build_vlm_from_spec  # noqa: E402
+from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
+from prismatic.models.vlms.prismatic import PrismaticVLM  # noqa: E402
+from prismatic.training.metrics import StepMetrics  # noqa: E402
+from prismatic.training.preemption import PreemptionHandler  # noqa: E402
+from prismatic.training.strategies import get_train_strategy  # noqa: E402
+from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop  # noqa: E402
+from prismatic.util.dist import init_distributed  # noqa: E402
+from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
+from prismatic.vla.datasets.synthetic import INSTRUCTIONS, synthetic_batch  # noqa: E402
+
+# Dense bf16 tensor-core peaks (TFLOP/s, vendors' datasheets, without sparsity), matched on the device name.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
+ACTION_DIM = 7
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    base_vlm: str
+    use_lora: bool
+    batch: int
+    accumulation: int = 1
+    head: str = "tokens"
+    chunk_size: int = 1
+
+
+GPU_CASES = {
+    "lora-7b": Case("lora-7b", "prism-dinosiglip-224px+7b", True, 16),
+    "l1-chunk-lora-7b": Case(
+        "l1-chunk-lora-7b", "prism-dinosiglip-224px+7b", True, 16, head="l1-chunk", chunk_size=8
+    ),
+    "full-1b": Case("full-1b", "prism-qwen25-dinosiglip-224px+0_5b", False, 16, accumulation=2),
+}
+CPU_CASES = {
+    "lora-tiny": Case("lora-tiny", "tiny-dinosiglip+tiny-llama", True, 4),
+    "l1-chunk-tiny": Case("l1-chunk-tiny", "tiny-vit+tiny-llama", False, 4, head="l1-chunk", chunk_size=4),
+    "full-tiny": Case("full-tiny", "tiny-vit+tiny-llama", False, 4, accumulation=2),
+}
+VARIANTS = ("before", "new", "new+compile")
+
+
+def peak_tflops(device: torch.device, override: float | None) -> float | None:
+    if override is not None:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def random_vlm(base_vlm: str, device: torch.device, tokenizer_dir: Path) -> PrismaticVLM:
+    """The base VLM's real architecture with random weights, built on `device` (no download, no CPU copy).
+
+    Tiny ids build as training builds them. Real ids take the LLM's published shape from the registry (`arch`)
+    and the in-repo tiny tokenizer, then resize the embeddings to the real vocabulary (Llama-2: 32000 + `<PAD>`,
+    padded to 32064), so the LM head costs what the real one does.
+    """
+    torch.manual_seed(0)
+    spec = get_base_vlm_spec(base_vlm)
+    llm_spec = get_llm_backbone_spec(spec.llm_backbone_id)
+    with torch.device(device):
+        if not llm_spec.arch:
+            return build_vlm(base_vlm)
+        from transformers import AutoConfig
+
+        arch = dict(llm_spec.arch)
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+        vlm = build_vlm_from_spec(
+            VLMArchitecture(base_vlm, spec, llm_config=config, tokenizer_dir=tokenizer_dir),
+            pretrained_vision=False,
+            pretrained_llm=False,
+        )
+        vlm.llm_backbone.llm.resize_token_embeddings(
+            config.vocab_size + 1, pad_to_multiple_of=64, mean_resizing=False
+        )
+    return vlm
+
+
+def _vla(case: Case, variant: str, steps: int) -> VLAConfig:
+    before = variant == "before"
+    return VLAConfig(
+        base_vlm=case.base_vlm,
+        use_lora=case.use_lora,
+        lora_rank=32,
+        per_device_batch_size=case.batch,
+        global_batch_size=case.batch * case.accumulation,
+        expected_world_size=1,
+        max_steps=steps,
+        action_head=case.head,
+        chunk_size=case.chunk_size,
+        optimizer_impl="for-loop" if before else "auto",
+        logits_at_labels="off" if before else "auto",
+        causal_mask_only="off" if before else "auto",
+        compile=variant.endswith("+compile"),
+    )
+
+
+def model_flops_per_sample(vlm: PrismaticVLM, batch: dict[str, Any]) -> float:
+    """6 x trainable + 4 x frozen parameters per token where gradients flow, 2 x where they do not (forward only)."""
+
+    def count(module: torch.nn.Module) -> tuple[int, int]:
+        trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        return trainable, sum(p.numel() for p in module.parameters()) - trainable
+
+    llm_tokens = float(batch["attention_mask"].sum()) / len(batch["input_ids"]) + vlm.num_prefix_tokens
+    patch_tokens = vlm.num_patches * vlm.action_spec.num_images
+    flops = 0.0
+    vision_grad = vlm.vision_backbone_requires_grad
+    for module, tokens, grad in (
+        (vlm.vision_backbone, patch_tokens, vision_grad),
+        (vlm.projector, patch_tokens, True),
+        (vlm.llm_backbone, llm_tokens, True),
+    ):
+        trainable, frozen = count(module)
+        flops += tokens * (6 * trainable + (4 if grad else 2) * frozen)
+    return flops
+
+
+class _Times:
+    """A tracker: the loop's own step times."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self.losses: list[float] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.steps.append(metrics["step_time_s"])
+        self.losses.append(metrics["loss"])
+
+
+class _NoCheckpoints:
+    def should_save(self, step: int, is_last_step: bool) -> bool:
+        return False
+
+    def save(self, blocking: bool) -> Path:
+        raise AssertionError("the benchmark saves nothing")
+
+    def poll(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+
+def _count_syncs(fn: Any) -> int:
+    """Host syncs `fn` triggers on CUDA (0 on CPU, where nothing waits for a device)."""
+    if not torch.cuda.is_available():
+        fn()
+        return 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def run_training_case(
+    case: Case,
+    variant: str,
+    device: torch.device,
+    args: argparse.Namespace,
+    tokenizer_dir: Path,
+    dist_info: Any,
+) -> dict[str, Any]:
+    vla = _vla(case, variant, args.warmup + args.steps + 1)
+    vlm = random_vlm(case.base_vlm, device, tokenizer_dir)
+    vlm.freeze_backbones(vla.stage)
+    if vla.use_lora:
+        apply_lora(vlm, vla.lora_settings())
+    spec = ActionSpec(head=case.head, chunk_size=case.chunk_size, action_dim=ACTION_DIM)
+    vlm.attach_action_modules(spec)
+    head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
+    head.logits_at_labels = vla.speed_option("logits_at_labels", device)
+    with torch.device("cpu"):
+        batches = [synthetic_batch(vlm, head, case.batch, seed=i) for i in range(4)]
+    if device.type == "cuda":
+        batches = [
+            {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches
+        ]
+        for b in batches:
+            if isinstance(b["pixel_values"], dict):
+                b["pixel_values"] = {k: v.pin_memory() for k, v in b["pixel_values"].items()}
+    flops_per_sample = model_flops_per_sample(vlm, batches[0])
+
+    strategy = get_train_strategy(vlm, vla, dist_info, grad_sync="auto")
+    strategy.setup(vla.max_steps)
+
+    def stream():
+        i = 0
+        while True:
+            yield batches[i % len(batches)]
+            i += 1
+
+    times = _Times()
+    stream_iter = stream()
+    hooks = LoopHooks(trackers=[times], checkpoints=_NoCheckpoints(), preemption=PreemptionHandler())
+    metrics = StepMetrics(["synthetic"], head, device)
+    counters = {"step": 0, "epoch": 0, "frames": 0}
+
+    def steps(start: int, end: int) -> None:
+        plan = LoopPlan(start, end, 10**9, case.batch * case.accumulation, None, show_progress=False)
+        train_loop(strategy, head, stream_iter, metrics, plan, counters, hooks)
+
+    started = time.perf_counter()
+    steps(0, args.warmup)  # compilation, allocator warm-up
+    warmup_s = time.perf_counter() - started
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
+    steps(args.warmup + 1, args.warmup + 1 + args.steps)
+    step_s = statistics.median(times.steps[-args.steps :])
+    samples_per_s = case.batch * case.accumulation / step_s
+    tflops = flops_per_sample * samples_per_s / 1e12
+    peak = peak_tflops(device, args.peak_tflops)
+    result = {
+        "case": case.name,
+        "variant": variant,
+        "ms_per_step": round(step_s * 1e3, 1),
+        "samples_per_s": round(samples_per_s, 2),
+        "model_tflops": float(f"{tflops:.4g}"),
+        "mfu_pct": round(100 * tflops / peak, 1) if peak else None,
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated(device) / 1e9, 1)
+        if device.type == "cuda"
+        else None,
+        "host_syncs_per_step": syncs,
+        "warmup_s": round(warmup_s, 1),
+        "last_loss": round(times.losses[-1], 4),
+    }
+    return result
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run_predict(
+    base_vlm: str, device: torch.device, args: argparse.Namespace, tokenizer_dir: Path
+) -> list[dict]:
+    """`predict_action` p50/p90 (KV cache and re-running), `predict_action_batch` actions/s at each batch size."""
+    import numpy as np
+
+    from prismatic.inference.policy import VLAPolicy, resolve_device_dtype
+
+    vlm = random_vlm(base_vlm, device, tokenizer_dir)
+    vlm.attach_action_modules(ActionSpec(action_dim=ACTION_DIM))
+    stats = {
+        "q01": [-1.0] * ACTION_DIM,
+        "q99": [1.0] * ACTION_DIM,
+        "mask": [True] * (ACTION_DIM - 1) + [False],
+    }
+    device_t, dtype = resolve_device_dtype(device, None)
+    policy = VLAPolicy(vlm, {"bench": {"action": stats}}, base_vlm, device_t, dtype)
+    rng = np.random.default_rng(0)
+    size = 224
+
+    def images(n: int) -> list[Any]:
+        return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)]
+
+    def timed(fn: Any, repeats: int) -> list[float]:
+        out = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - started)
+        return out
+
+    results = []
+    image = images(1)[0]
+    modes = {"KV cache, static + CUDA graphs": (True, True), "KV cache, dynamic": (True, False)}
+    modes["re-running"] = (False, False)
+    for mode, (use_cache, static) in modes.items():
+        policy.static_cache = static
+
+        def one(use_cache: bool = use_cache) -> None:
+            policy.decode_batch([image], [INSTRUCTIONS[0]], "bench", use_cache=use_cache)
+
+        timed(one, args.predict_warmup)
+        latencies = sorted(timed(one, args.predict_repeats))
+        results.append(
+            {
+                "case": f"predict_action ({mode})",
+                "p50_ms": round(1e3 * statistics.median(latencies), 1),
+                "p90_ms": round(1e3 * latencies[int(0.9 * (len(latencies) - 1))], 1),
+            }
+        )
+    for batch_size in args.predict_batch_sizes:
+        batch_images = images(batch_size)
+        instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)]
+        for mode, static in (("static + CUDA graphs", True), ("dynamic", False)):
+            policy.static_cache = static
+
+            def many(batch_images: list = batch_images, instructions: list = instructions) -> None:
+                policy.predict_action_batch(batch_images, instructions, "bench")
+
+            timed(many, 1)
+            seconds = statistics.median(timed(many, 3))
+            results.append(
+                {
+                    "case": f"predict_action_batch {batch_size} ({mode})",
+                    "actions_per_s": round(batch_size / seconds, 1),
+                }
+            )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cases", nargs="*", default=None, help="default: every case of the device kind")
+    parser.add_argument("--variants", nargs="*", default=None, choices=VARIANTS, help="default: before new")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per case")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--peak_tflops", type=float, default=None, help="the device's dense bf16 peak")
+    parser.add_argument("--predict_base_vlm", default=None, help="default: the 7B id on GPU, tiny on CPU")
+    parser.add_argument("--predict_repeats", type=int, default=20)
+    parser.add_argument("--predict_warmup", type=int, default=3)
+    parser.add_argument(
+        "--predict_batch_sizes", type=int, nargs="*", default=None, help="default 1 16 64 (CPU 1 4)"
+    )
+    parser.add_argument("--no_predict", action="store_true")
+    parser.add_argument(
+        "--json_out", type=Path, default=None, help="also write every result here (JSON lines)"
+    )
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            "bench_gpu: --device cuda, but no CUDA device is visible here; use --device cpu.", file=sys.stderr
+        )
+        return 2
+    on_gpu = device.type == "cuda"
+    cases = GPU_CASES if on_gpu else CPU_CASES
+    names = args.cases or list(cases)
+    unknown = [name for name in names if name not in {**GPU_CASES, **CPU_CASES}]
+    if unknown:
+        print(
+            f"bench_gpu: unknown case(s) {unknown}; valid: {', '.join({**GPU_CASES, **CPU_CASES})}.",
+            file=sys.stderr,
+        )
+        return 2
+    variants = args.variants or ["before", "new"]
+    args.predict_batch_sizes = args.predict_batch_sizes or ([1, 16, 64] if on_gpu else [1, 4])
+    predict_id = args.predict_base_vlm or ("prism-dinosiglip-224px+7b" if on_gpu else "tiny-vit+tiny-llama")
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    dist_info = init_distributed()
+    dist_info = replace(dist_info, device=device)
+    name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
+    print(
+        f"bench_gpu on {name} (torch {torch.__version__}), peak bf16 {peak_tflops(device, args.peak_tflops)} TFLOP/s"
+    )
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_dir = Path(tmp) / "tokenizer"
+        load_tiny_tokenizer().save_pretrained(tokenizer_dir)
+        for case_name in names:
+            case = {**GPU_CASES, **CPU_CASES}[case_name]
+            for variant in variants:
+                started = time.perf_counter()
+                try:
+                    result = run_training_case(case, variant, device, args, tokenizer_dir, dist_info)
+                except torch.OutOfMemoryError as err:
+                    result = {
+                        "case": case.name,
+                        "variant": variant,
+                        "error": f"out of memory: {str(err)[:120]}",
+                    }
+                except Exception as err:  # noqa: BLE001 (one broken case must not hide the others' figures)
+                    traceback.print_exc()
+                    result = {
+                        "case": case.name,
+                        "variant": variant,
+                        "error": f"{type(err).__name__}: {err}"[:300],
+                    }
+                _free(device)
+                result["case_s"] = round(time.perf_counter() - started, 1)
+                print(json.dumps(result), flush=True)
+                results.append(result)
+        if not args.no_predict:
+            for result in run_predict(predict_id, device, args, tokenizer_dir):
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    if args.json_out is not None:
+        args.json_out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

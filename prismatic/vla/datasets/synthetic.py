@@ -1,0 +1,67 @@
+"""Synthetic training batches through the real batch transform and collator, without TensorFlow or data on disk.
+
+Benchmarks and GPU checks need frames shaped exactly as training's (the head's layout, the prompt format, the
+image transform, right padding) on machines that have no RLDS data and often no TensorFlow. Each frame here is a
+random 224 px image, a random action in [-1, 1] and one of a few robot instructions; it goes through
+`RLDSBatchTransform` and `PaddedCollatorForActionPrediction` as a frame from the tf.data pipeline would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from prismatic.models.action_heads import ActionHead
+from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.vla.datasets.batch_transform import RLDSBatchTransform, views_for
+from prismatic.vla.datasets.collator import PaddedCollatorForActionPrediction
+
+INSTRUCTIONS = (
+    "pick up the red block and put it in the bowl",
+    "open the top drawer",
+    "move the sponge to the left of the sink",
+    "put the can on the plate",
+)
+
+
+def synthetic_frame(rng: np.random.Generator, spec_action_shape: tuple[int, ...], size: int = 224) -> dict:
+    """One standardised frame (the pipeline's format) with random image, action and proprio."""
+    image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+    return {
+        "task": {"language_instruction": INSTRUCTIONS[int(rng.integers(len(INSTRUCTIONS)))]},
+        "action": rng.uniform(-1, 1, spec_action_shape).astype(np.float32),
+        "observation": {
+            "image_primary": image,
+            "image_wrist": image[::-1].copy(),
+            "proprio": rng.uniform(-1, 1, (8,)).astype(np.float32),
+        },
+        "dataset_name": "synthetic",
+    }
+
+
+def synthetic_batch(
+    vlm: PrismaticVLM, head: ActionHead, batch_size: int, seed: int = 0, image_size: int = 224
+) -> dict[str, Any]:
+    """A collated training batch of `batch_size` synthetic frames for `vlm` and `head` (host tensors)."""
+    spec = head.spec
+    transform = RLDSBatchTransform(
+        head.action_tokenizer,
+        vlm.llm_backbone.tokenizer,
+        vlm.vision_backbone.get_image_transform(),
+        vlm.llm_backbone.prompt_builder_fn,
+        layout=head.layout,
+        views=views_for(spec.num_images),
+        use_proprio=bool(spec.proprio_dim),
+    )
+    collate = PaddedCollatorForActionPrediction(
+        vlm.llm_backbone.tokenizer.model_max_length, vlm.llm_backbone.tokenizer.pad_token_id
+    )
+    rng = np.random.default_rng(seed)
+    action_shape = (spec.chunk_size, spec.action_dim) if head.chunked else (spec.action_dim,)
+    frames = [synthetic_frame(rng, action_shape, image_size) for _ in range(batch_size)]
+    for frame in frames:
+        frame["observation"]["proprio"] = frame["observation"]["proprio"][: spec.proprio_dim or 8]
+    with torch.device("cpu"):  # host tensors, as the loader makes them, whatever the default device
+        return collate([transform(frame) for frame in frames])

@@ -1,0 +1,120 @@
+"""Training's CUDA paths on one GPU: NCCL, FSDP2 + bf16 + accumulation in both `--grad_sync` modes, CPU offload,
+DDP + autocast. Each step runs through `get_train_strategy(...).setup()` and training's own `train_loop`, and its
+loss and gradient norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
+
+    make test-gpu                                            # on a GPU machine
+    PRISMATIC_GPU_TESTS_ON_CPU=1 pytest -q tests/gpu        # the CPU-capable ones, here
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from gpu_setup import (
+    assert_matches_reference,
+    build,
+    local,
+    micro_batches,
+    reference_steps,
+    tiny_vla,
+    train_steps,
+)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from prismatic.util.dist import DistInfo
+
+pytestmark = pytest.mark.gpu
+
+
+def _record_compute_dtype(
+    built_vlm: torch.nn.Module,
+) -> tuple[list[torch.dtype], torch.utils.hooks.RemovableHandle]:
+    """Record the output dtype of the first decoder layer's first Linear: what the layer computes in."""
+    layer = built_vlm.llm_backbone.get_layers()[0]
+    linear = next(m for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    seen: list[torch.dtype] = []
+    handle = linear.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
+    return seen, handle
+
+
+def test_nccl_group_of_one(cuda_device: torch.device, process_group: DistInfo) -> None:
+    assert dist.get_backend() == "nccl" and dist.get_world_size() == 1
+    assert process_group.device == cuda_device == torch.device("cuda", torch.cuda.current_device())
+    values = torch.tensor([1.5, -2.0, 3.25], device=cuda_device)
+    dist.all_reduce(values)  # a sum over one rank: unchanged
+    assert values.tolist() == [1.5, -2.0, 3.25]
+    halves = torch.full((4,), 0.5, device=cuda_device, dtype=torch.bfloat16)
+    dist.all_reduce(halves, op=dist.ReduceOp.MAX)
+    assert halves.tolist() == [0.5] * 4
+    dist.barrier()
+
+
+@pytest.mark.parametrize("grad_sync", ["micro-batch", "step"])
+def test_fsdp_bf16_accumulation_step_matches_cpu(process_group: DistInfo, grad_sync: str) -> None:
+    vla = tiny_vla(train_strategy="fsdp-full-shard")
+    built = build(vla, process_group, grad_sync=grad_sync)
+    strategy = built.strategy
+    assert strategy.grad_accumulation_steps == 2 and strategy.mixed_precision
+    assert strategy.sync_every_micro_batch is (grad_sync == "micro-batch")
+    assert isinstance(strategy.model, FSDPModule)
+    sharded = [p for p in strategy.model.parameters() if isinstance(p, DTensor)]
+    assert sharded and all(p.to_local().device == process_group.device for p in sharded)
+    assert all(p.dtype == torch.float32 for p in sharded if p.requires_grad)  # FP32 master weights
+
+    batches = micro_batches(built, 4)
+    seen, handle = _record_compute_dtype(strategy.vlm)
+    got = train_steps(built, batches)
+    handle.remove()
+    assert set(seen) == {torch.bfloat16}  # FSDP's policy computes in bf16
+    assert_matches_reference(got, reference_steps(built, vla, batches, n_micro=2))
+
+
+def test_cpu_offload_step(cuda_device: torch.device, process_group: DistInfo) -> None:
+    """Pinned host shards, clipping that bites, one optimizer step that changes the host weights."""
+    vla = tiny_vla(train_strategy="fsdp-full-shard", cpu_offload=True, max_grad_norm=1e-3)
+    built = build(vla, process_group)  # --grad_sync auto: every micro-batch under offload
+    strategy = built.strategy
+    assert strategy.sync_every_micro_batch
+    trainable = [p for p in strategy.model.parameters() if p.requires_grad]
+    assert trainable and all(isinstance(p, DTensor) for p in trainable)
+    shards = [p.to_local() for p in strategy.model.parameters() if isinstance(p, DTensor)]
+    assert all(s.device.type == "cpu" and s.is_pinned() for s in shards)
+    # What FSDP leaves unsharded are the vision modules that never run: frozen, on the host with the shards.
+    unused = {id(p) for m in strategy.vlm.vision_backbone.unused_modules() for p in m.parameters()}
+    for param in strategy.model.parameters():
+        if not isinstance(param, DTensor):
+            assert id(param) in unused and not param.requires_grad and param.device.type == "cpu", param.shape
+    before = [local(p) for p in trainable]
+
+    batches = micro_batches(built, 2)
+    (got,) = train_steps(built, batches)
+    (want,) = reference_steps(built, vla, batches, n_micro=2)
+    assert_matches_reference([got], [want])
+    assert got["grad_norm"] > 100 * vla.max_grad_norm  # so clipping scaled the gradients
+
+    after = [local(p) for p in trainable]
+    assert all(a.device.type == "cpu" for a in after)
+    assert sum(not torch.equal(b, a) for b, a in zip(before, after, strict=True)) == len(trainable)
+    for param in trainable:  # AdamW stepped on the host
+        state = strategy.optimizer.state[param]
+        assert local(state["exp_avg"]).device.type == "cpu" and int(state["step"]) == 1
+
+
+def test_ddp_autocast_step_matches_cpu(process_group: DistInfo) -> None:
+    vla = tiny_vla(train_strategy="ddp")
+    built = build(vla, process_group, grad_sync="step")
+    strategy = built.strategy
+    assert type(strategy.model) is DistributedDataParallel and strategy.mixed_precision
+    assert all(
+        p.device == process_group.device and p.dtype == torch.float32 for p in strategy.model.parameters()
+    )
+
+    batches = micro_batches(built, 4)
+    seen, handle = _record_compute_dtype(strategy.vlm)
+    got = train_steps(built, batches)
+    handle.remove()
+    assert set(seen) == {torch.bfloat16}  # autocast: bf16 compute on FP32 weights
+    assert_matches_reference(got, reference_steps(built, vla, batches, n_micro=2))
