@@ -155,29 +155,24 @@ def greedy_decode(
         index = logits.argmax(dim=-1)
         return index + offset, logprobs.gather(-1, index[:, None])[:, 0]
 
-    embeds, mask = prompt()
-    device = embeds.device
+    device = llm.get_input_embeddings().weight.device
     if static_cache is None:
         static_cache = device.type == "cuda"
     if use_cache and static_cache and static_decoding.supported(llm):
-        decoder = static_decoding.static_decoder(
-            llm,
-            lambda ids: vlm.llm_backbone.embed_input_ids(ids),
+        ids, logprobs = static_decoding.static_decode(
+            vlm,
+            prompt_ids,
+            pixel_values,
+            proprio,
+            num_tokens,
+            pad_id,
             choose,
-            (embeds.dtype, allowed_ids),
-            embeds.shape[0],
-            embeds.shape[1] + num_tokens,
-            device,
-            device.type == "cuda",
+            allowed_ids,
             keep_last,
+            use_graph=device.type == "cuda",
         )
-        decoder.prefill(embeds, mask, _positions(mask))
-        chosen = [(decoder.token.clone(), decoder.logprob.clone())]
-        for _ in range(num_tokens - 1):
-            decoder.step()
-            chosen.append((decoder.token.clone(), decoder.logprob.clone()))
-        ids, logprobs = zip(*chosen, strict=True)
-        return GreedyTokens(torch.stack(ids, dim=1).cpu(), torch.stack(logprobs, dim=1).cpu())
+        return GreedyTokens(ids.cpu(), logprobs.cpu())
+    embeds, mask = prompt()
     out = llm(
         inputs_embeds=embeds,
         attention_mask=mask,

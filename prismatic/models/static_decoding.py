@@ -1,16 +1,20 @@
-"""Greedy decoding over a static KV cache, each decode step replayed from a captured CUDA graph.
+"""Greedy decoding over a static KV cache, the prefill and each decode step replayed from captured CUDA graphs.
 
 A 7B decode step on one token is ~1,000 kernel launches of a few microseconds each: eager, the GPU waits for
-Python (measured: 152 ms for OpenVLA's 7 action tokens, where reading the weights 7 times takes ~20 ms). Here the
-prompt is prefilled eagerly into a `StaticCache` (fixed-size keys / values), and one decode step (embed the last
-token -> LLM forward over the cache -> greedy choice -> advance the mask and positions) is captured once as a CUDA
-graph per (batch size, cache length, dtype, id range) and replayed for every later token and request: one launch
-per token. Cache lengths are rounded up to `CACHE_BUCKET` so that prompts of nearby lengths share a graph.
+Python (measured on an H200: 122 ms for OpenVLA's 7 action tokens with the dynamic cache, where reading the
+weights 7 times takes ~20 ms). Here everything after the host's preprocessing runs as two CUDA graphs, captured
+once per shape and replayed for every later request:
+- the prefill: token embeddings, the vision backbone and projector, the prompt laid out right-aligned (one gather
+  from text and patches), the LLM over it into a `StaticCache` (fixed-size keys / values), the first greedy choice;
+- one decode step: embed the last token, the LLM over the cache, the next greedy choice, advance mask and position.
+Prompt and cache lengths are rounded up (`TEXT_BUCKET`, `CACHE_BUCKET`) so that prompts of nearby lengths share
+graphs; the extra room is left padding, masked as padding is.
 
-The arithmetic is `greedy_decode`'s (same prompt layout, positions, masking of pads, choice and log-probabilities);
-only the kernels' schedule differs, so ids match the dynamic-cache path (pinned on CPU in FP32, where the same
-step runs eagerly, and on GPU in bf16 by tests/gpu). Where the installed transformers' `StaticCache` does not
-keep its write position as a tensor (`cumulative_length`), `supported` says no and the dynamic path runs.
+The arithmetic is `greedy_decode`'s (same layout, positions, masking of pads, choice and log-probabilities); only
+the kernels' schedule differs, so ids match the dynamic-cache path (pinned on CPU in FP32, where the same functions
+run eagerly, and on GPU in bf16 by tests/gpu). Where the installed transformers' `StaticCache` does not keep its
+write position as a tensor (`cumulative_length`), `supported` says no and the dynamic path runs; a shape whose
+capture fails (an operation that waits for the host) runs the same functions eagerly.
 """
 
 from __future__ import annotations
@@ -18,15 +22,25 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from prismatic.models.vlms.prismatic import PrismaticVLM
+
 logger = logging.getLogger(__name__)
 
-CACHE_BUCKET = 32  # cache lengths are multiples of this (nearby prompt lengths share one graph)
+TEXT_BUCKET = 16  # prompt token lengths are multiples of this
+CACHE_BUCKET = 32  # cache lengths are multiples of this
 MAX_GRAPHS = 4  # per model: each holds a static KV cache (B x layers x 2 x heads x length x head_dim)
+
+Choose = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _static_cache(llm: torch.nn.Module, max_len: int) -> Any:
@@ -53,24 +67,51 @@ def supported(llm: torch.nn.Module) -> bool:
     return bool(layers) and all(hasattr(layer, "cumulative_length") for layer in layers)
 
 
+def _like(value: Any) -> Any:
+    """A zero buffer (or dict of them) shaped like `value`: where each request's inputs are copied for replay."""
+    if isinstance(value, dict):
+        return {key: torch.zeros_like(item) for key, item in value.items()}
+    return None if value is None else torch.zeros_like(value)
+
+
+def _copy_into(target: Any, value: Any) -> None:
+    if isinstance(target, dict):
+        for key, item in target.items():
+            item.copy_(value[key])
+    elif target is not None:
+        target.copy_(value)
+
+
 class StaticDecoder:
-    """One (batch size, cache length) of static decoding: the cache, the step's static tensors and its graph."""
+    """One shape of static decoding (batch size, prompt and cache lengths): the cache, the static inputs and
+    outputs, and the two graphs."""
 
     def __init__(
         self,
-        llm: torch.nn.Module,
-        embed: Callable[[torch.Tensor], torch.Tensor],
-        choose: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-        batch_size: int,
-        max_len: int,
-        device: torch.device,
-        use_graph: bool,
+        vlm: PrismaticVLM,
+        choose: Choose,
+        shape: tuple[int, int, int, int],
         keep_last: dict[str, int],
+        use_graph: bool,
     ) -> None:
-        self.llm, self.embed, self.choose, self.use_graph = llm, embed, choose, use_graph
-        self.max_len = max_len
-        self.cache = _static_cache(llm, max_len)
-        self.model_kwargs = {cache_kwarg(llm): self.cache, "use_cache": True, **keep_last}
+        self.vlm, self.llm, self.choose, self.use_graph = vlm, vlm.llm_backbone.llm, choose, use_graph
+        batch_size, text_len, seq_len, max_len = shape
+        self.seq_len, self.max_len = seq_len, max_len
+        self.cache = _static_cache(self.llm, max_len)
+        self.model_kwargs = {cache_kwarg(self.llm): self.cache, "use_cache": True, **keep_last}
+        device = self.llm.get_input_embeddings().weight.device
+        # Inputs of the prefill, refilled from each request (`load`).
+        self.ids = torch.zeros((batch_size, text_len), dtype=torch.long, device=device)
+        self.index = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+        self.mask = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+        self.pixels: Any = None
+        self.proprio: torch.Tensor | None = None
+        keys = torch.arange(max_len, device=device)
+        queries = torch.arange(seq_len, device=device)[:, None]
+        self.causal = keys[None, :] <= queries  # [S, max_len]
+        # A pad (query) attends to itself alone: a row with no key at all would make NaNs in its keys and values.
+        self.diagonal = keys[None, :] == queries
+        # State carried from step to step.
         self.token = torch.zeros(batch_size, dtype=torch.long, device=device)  # the last chosen ids
         self.logprob = torch.zeros(batch_size, dtype=torch.float32, device=device)
         self.valid = torch.zeros(
@@ -80,24 +121,40 @@ class StaticDecoder:
             (batch_size, 1), dtype=torch.long, device=device
         )  # the new token's position
         self.slot = torch.zeros(1, dtype=torch.long, device=device)  # its cache slot
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs: dict[str, torch.cuda.CUDAGraph | None] = {}
 
-    def _reset(self) -> None:
+    def load(
+        self,
+        ids: torch.Tensor,
+        index: torch.Tensor,
+        mask: torch.Tensor,
+        pixels: Any,
+        proprio: torch.Tensor | None,
+    ) -> None:
+        """Copy one request batch into the static inputs (host tensors are copied without a sync)."""
+        if self.pixels is None:
+            self.pixels, self.proprio = _like(pixels), _like(proprio)
+        for target, value in ((self.ids, ids), (self.index, index), (self.mask, mask)):
+            target.copy_(value, non_blocking=True)
+        _copy_into(self.pixels, pixels)
+        _copy_into(self.proprio, proprio)
+
+    def _prefill(self) -> None:
+        """Prompt embeddings (text and prefix, laid out by `index`), the LLM into the reset cache, the first choice."""
+        text = self.vlm.llm_backbone.embed_input_ids(self.ids)
+        prefix = self.vlm.prefix_embeddings(self.pixels, self.proprio).to(text.dtype)
+        source = torch.cat([text, prefix], dim=1)
+        embeds = source.gather(1, self.index[..., None].expand(-1, -1, source.shape[-1]))
+        embeds = embeds * self.mask[..., None].to(
+            embeds.dtype
+        )  # pads are zero vectors, as in `greedy_decode`
+        positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        padded = torch.zeros((self.mask.shape[0], self.max_len), dtype=torch.bool, device=self.mask.device)
+        padded[:, : self.seq_len] = self.mask.bool()
+        prompt_mask = (self.causal[None, None] & padded[:, None, None, :]) | self.diagonal[None, None]
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):
                 layer.cumulative_length.zero_()
-
-    def prefill(self, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> None:
-        """Run the prompt `[B, S, D]` into the cache; choose the first token."""
-        self._reset()
-        seq_len = mask.shape[1]
-        keys = torch.arange(self.max_len, device=mask.device)
-        causal = keys[None, :] <= torch.arange(seq_len, device=mask.device)[:, None]  # [S, max_len]
-        padded = torch.zeros((mask.shape[0], self.max_len), dtype=torch.bool, device=mask.device)
-        padded[:, :seq_len] = mask.bool()
-        # A pad (query) attends to itself alone: a row with no key at all would make NaNs in its keys and values.
-        diagonal = keys[None, :] == torch.arange(seq_len, device=mask.device)[:, None]
-        prompt_mask = (causal[None, None] & padded[:, None, None, :]) | diagonal[None, None]
         out = self.llm(
             inputs_embeds=embeds, attention_mask=prompt_mask, position_ids=positions, **self.model_kwargs
         )
@@ -106,14 +163,13 @@ class StaticDecoder:
         self.logprob.copy_(logprob)
         self.valid.copy_(padded[:, None, None, :])
         self.position.copy_(positions[:, -1:] + 1)
-        self.slot.fill_(seq_len)
+        self.slot.fill_(self.seq_len)
 
     def _step(self) -> None:
-        """Feed `token` at `position` (cache slot `slot`), choose the next one, advance: no host sync, so it can be
-        captured."""
+        """Feed `token` at `position` (cache slot `slot`), choose the next one, advance."""
         self.valid.index_fill_(-1, self.slot, True)
         out = self.llm(
-            inputs_embeds=self.embed(self.token[:, None]),
+            inputs_embeds=self.vlm.llm_backbone.embed_input_ids(self.token[:, None]),
             attention_mask=self.valid,
             position_ids=self.position,
             **self.model_kwargs,
@@ -124,55 +180,97 @@ class StaticDecoder:
         self.position.add_(1)
         self.slot.add_(1)
 
-    def step(self) -> None:
-        """One decode step: eager the first time (it also warms up the kernels), then captured and replayed."""
-        if not self.use_graph:
-            self._step()
+    def _run(self, name: str, fn: Callable[[], None]) -> None:
+        """Replay `name`'s graph; the first time, run `fn` eagerly (warming its kernels up), then capture it."""
+        if not self.use_graph or self.graphs.get(name, False) is None:
+            fn()
             return
-        if self.graph is None:
-            self._step()  # the real first step, eager (capturing below records without running)
-            graph = torch.cuda.CUDAGraph()
-            snapshot = self._state()
+        graph = self.graphs.get(name)
+        if graph is not None:
+            graph.replay()
+            return
+        fn()  # the real call, eager; capturing below records without running
+        state = [t.clone() for t in (self.token, self.logprob, self.valid, self.position, self.slot)]
+        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        graph = torch.cuda.CUDAGraph()
+        try:
             with torch.cuda.graph(graph):
-                self._step()
-            self._restore(
-                snapshot
-            )  # capture runs nothing, but keep the state exactly as the eager step left it
-            self.graph = graph
-            return
-        self.graph.replay()
-
-    def _state(self) -> list[torch.Tensor]:
-        return [t.clone() for t in (self.token, self.logprob, self.valid, self.position, self.slot)]
-
-    def _restore(self, state: list[torch.Tensor]) -> None:
+                fn()
+        except RuntimeError as err:  # something in it waits for the host: keep this shape eager
+            logger.warning("CUDA graph capture of the %s failed (%s); it runs eagerly.", name, err)
+            graph = None
         for target, value in zip(
             (self.token, self.logprob, self.valid, self.position, self.slot), state, strict=True
         ):
             target.copy_(value)
+        for layer, length in zip(self.cache.layers, lengths, strict=True):
+            layer.cumulative_length.copy_(length)
+        self.graphs[name] = graph
+
+    def decode(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill, then `num_tokens - 1` steps: ids and log-probabilities `[B, num_tokens]` (on the device)."""
+        self._run("prefill", self._prefill)
+        chosen = [(self.token.clone(), self.logprob.clone())]
+        for _ in range(num_tokens - 1):
+            self._run("step", self._step)
+            chosen.append((self.token.clone(), self.logprob.clone()))
+        ids, logprobs = zip(*chosen, strict=True)
+        return torch.stack(ids, dim=1), torch.stack(logprobs, dim=1)
 
 
-def static_decoder(
-    llm: torch.nn.Module,
-    embed: Callable[[torch.Tensor], torch.Tensor],
-    choose: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    key: tuple,
-    batch_size: int,
-    needed_len: int,
-    device: torch.device,
-    use_graph: bool,
+def layout(
+    prompt_ids: Sequence[Sequence[int]], num_prefix: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host tensors of the right-aligned prompt layout `greedy_decode` uses, with room rounded up: token ids
+    `[B, T]` (right-padded), the gather index `[B, S]` into `cat(text embeddings, prefix)` and the mask `[B, S]`.
+
+    Row r of length l: `[pads] [BOS] [prefix 0 .. num_prefix - 1] [text 1 .. l - 1]`, pads pointing at position 0.
+    """
+    lengths = [len(ids) for ids in prompt_ids]
+    text_len = _round_up(max(lengths), TEXT_BUCKET)
+    seq_len = _round_up(max(lengths) + num_prefix, TEXT_BUCKET)
+    ids = torch.full((len(prompt_ids), text_len), pad_id, dtype=torch.long)
+    index = torch.zeros((len(prompt_ids), seq_len), dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), seq_len), dtype=torch.long)
+    for row, row_ids in enumerate(prompt_ids):
+        length = len(row_ids)
+        ids[row, :length] = torch.as_tensor(row_ids, dtype=torch.long)
+        start = seq_len - (num_prefix + length)
+        index[row, start + 1 : start + 1 + num_prefix] = text_len + torch.arange(num_prefix)
+        index[row, start + 1 + num_prefix :] = torch.arange(1, length)
+        mask[row, start:] = 1
+    return ids, index, mask
+
+
+def static_decode(
+    vlm: PrismaticVLM,
+    prompt_ids: Sequence[Sequence[int]],
+    pixel_values: Any,
+    proprio: torch.Tensor | None,
+    num_tokens: int,
+    pad_id: int,
+    choose: Choose,
+    choose_key: Any,
     keep_last: dict[str, int],
-) -> StaticDecoder:
-    """The model's decoder for this shape, kept on the model (at most `MAX_GRAPHS`, least recently used dropped;
-    they go with the model)."""
-    max_len = -(-needed_len // CACHE_BUCKET) * CACHE_BUCKET
-    per_model = llm.__dict__.setdefault("_static_decoders", OrderedDict())
-    full_key = (*key, batch_size, max_len, use_graph)
-    decoder = per_model.get(full_key)
+    use_graph: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`greedy_decode` over a static cache: ids and log-probabilities `[B, num_tokens]` on the device.
+
+    The model keeps one `StaticDecoder` per shape (at most `MAX_GRAPHS`, least recently used dropped; they go
+    with the model). `choose_key` names `choose`'s behaviour (its id range), which its graphs bake in.
+    """
+    ids, index, mask = layout(prompt_ids, vlm.num_prefix_tokens, pad_id)
+    seq_len = mask.shape[1]
+    shape = (len(prompt_ids), ids.shape[1], seq_len, _round_up(seq_len + num_tokens, CACHE_BUCKET))
+    dtype = vlm.llm_backbone.llm.get_input_embeddings().weight.dtype
+    key = (shape, dtype, choose_key, use_graph, proprio is not None)
+    kept = vlm.__dict__.setdefault("_static_decoders", OrderedDict())
+    decoder = kept.get(key)
     if decoder is None:
-        decoder = StaticDecoder(llm, embed, choose, batch_size, max_len, device, use_graph, keep_last)
-        per_model[full_key] = decoder
-        while len(per_model) > MAX_GRAPHS:
-            per_model.popitem(last=False)
-    per_model.move_to_end(full_key)
-    return decoder
+        decoder = StaticDecoder(vlm, choose, shape, keep_last, use_graph)
+        kept[key] = decoder
+        while len(kept) > MAX_GRAPHS:
+            kept.popitem(last=False)
+    kept.move_to_end(key)
+    decoder.load(ids, index, mask, pixel_values, proprio)
+    return decoder.decode(num_tokens)

@@ -63,11 +63,11 @@ def test_static_cache_ids_equal_the_dynamic_cache(model, rows: slice, allowed: r
 
 
 def test_decoders_are_kept_per_shape_and_bounded(model) -> None:
-    llm = model[0].llm_backbone.llm
-    llm.__dict__.pop("_static_decoders", None)
+    vlm = model[0]
+    vlm.__dict__.pop("_static_decoders", None)
     _decode(model, slice(1, 2), range(768, 1024), static=True)
     _decode(model, slice(1, 2), range(768, 1024), static=True)  # the same shape: the same decoder again
-    kept = llm.__dict__["_static_decoders"]
+    kept = vlm.__dict__["_static_decoders"]
     assert len(kept) == 1 and next(iter(kept.values())).max_len % static_decoding.CACHE_BUCKET == 0
     for batch in range(1, static_decoding.MAX_GRAPHS + 2):
         vlm, prompts, pixels, pad_id = model
@@ -83,15 +83,49 @@ def test_decoders_are_kept_per_shape_and_bounded(model) -> None:
     assert len(kept) == static_decoding.MAX_GRAPHS
 
 
+def test_layout_right_aligns_bos_prefix_and_text() -> None:
+    ids, index, mask = static_decoding.layout([[1, 7, 8], [1, 9]], num_prefix=2, pad_id=0)
+    assert ids.shape == (2, 16) and ids[0, :3].tolist() == [1, 7, 8] and ids[1, :3].tolist() == [1, 9, 0]
+    # 16 positions: row 0 = 11 pads, BOS, prefix (text_len + 0, + 1), text 1..2; row 1 one pad more, one token less.
+    assert index[0, 11:].tolist() == [0, 16, 17, 1, 2] and mask[0].tolist() == [0] * 11 + [1] * 5
+    assert index[1, 12:].tolist() == [0, 16, 17, 1] and mask[1].tolist() == [0] * 12 + [1] * 4
+
+
 def test_eager_attention_falls_back_to_the_dynamic_cache(model) -> None:
     llm = model[0].llm_backbone.llm
     kernel = llm.config._attn_implementation
     try:
         llm.config._attn_implementation = "eager"
         assert not static_decoding.supported(llm)
-        llm.__dict__.pop("_static_decoders", None)
+        model[0].__dict__.pop("_static_decoders", None)
         ids = _decode(model, slice(0, 3), None, static=True).token_ids
-        assert "_static_decoders" not in llm.__dict__
+        assert "_static_decoders" not in model[0].__dict__
     finally:
         llm.config._attn_implementation = kernel
     assert torch.equal(ids, _decode(model, slice(0, 3), None, static=False).token_ids)
+
+
+def test_two_views_and_proprio_in_the_prefix() -> None:
+    """The prefix also carries a second camera view and the proprio token: the gathered layout keeps them."""
+    torch.manual_seed(0)
+    vlm = build_vlm("tiny-vit+tiny-llama").eval()
+    vlm.attach_action_modules(ActionSpec(action_dim=7, proprio_dim=8, num_images=2))
+    tokenizer = vlm.llm_backbone.tokenizer
+    transform = vlm.vision_backbone.get_image_transform()
+    views = [
+        torch.cat(
+            [
+                transform(
+                    Image.fromarray(np.random.default_rng(10 * i + j).integers(0, 256, (64, 64, 3), np.uint8))
+                )
+                for j in range(2)
+            ]
+        )
+        for i in range(2)
+    ]
+    prompts = [tokenizer(text).input_ids for text in PROMPTS[1:]]
+    kwargs = {"pad_id": tokenizer.pad_token_id, "allowed_ids": range(768, 1024), "proprio": torch.randn(2, 8)}
+    dynamic = greedy_decode(vlm, prompts, torch.stack(views), 7, static_cache=False, **kwargs)
+    static = greedy_decode(vlm, prompts, torch.stack(views), 7, static_cache=True, **kwargs)
+    assert torch.equal(static.token_ids, dynamic.token_ids)
+    torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
