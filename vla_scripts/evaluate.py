@@ -17,7 +17,8 @@ or a Hub id. `--data_mix` defaults to the run's own mixture (`vla.data_mix` of i
 is the val split, or the last 5% of train for datasets without one; `--split train` samples the training
 stream (needs `--max_frames`). Each frame is un-normalised with its own dataset's statistics from the
 checkpoint; `--unnorm_key` uses one dataset's for all (a dataset the policy was not trained on). Under torchrun
-each rank evaluates a disjoint shard (`--max_frames` caps each rank) and rank 0 reports.
+each rank evaluates a disjoint shard (`--max_frames` caps each rank) and rank 0 reports; rank 0 alone reads the
+weights and broadcasts them to the others.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from prismatic.conf.data import DataOptions
-from prismatic.inference.evaluation import SPLITS, EvalSpec, evaluate, format_summary
+from prismatic.inference.evaluation import SPLITS, EvalSpec, evaluate, format_summary, load_policy_from_rank0
 from prismatic.models.checkpoint_format import run_folder_of
 from prismatic.run_layout import CHECKPOINTS_DIR, CONFIG_STEM
 from prismatic.util.cli import entry_point, parse_config
@@ -171,14 +172,14 @@ def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozen
     # An unknown mixture or missing datasets fail here, before the model loads.
     resolve_mixture_dirs(cfg.data_root_dir, data_mix)
 
-    from prismatic.inference import load_policy  # lazy: torch and the model code (seconds)
     from prismatic.util.dist import destroy_distributed, init_distributed, run_once_per_node  # lazy: torch
 
     dist_info = init_distributed()
     try:
         setup_logging(dist_info.rank)
-        policy = load_policy(
+        policy = load_policy_from_rank0(  # rank 0 reads the weights, the other ranks receive them
             cfg.checkpoint,
+            dist_info.device,
             device=cfg.device or dist_info.device,
             dtype=cfg.dtype,
             hf_token=cfg.hf_token,

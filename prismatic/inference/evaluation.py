@@ -459,6 +459,43 @@ def evaluate(
     return summary
 
 
+# === Loading under torchrun ===
+
+
+def load_policy_from_rank0(
+    checkpoint: str,
+    comm_device: torch.device,
+    *,
+    device: str | torch.device,
+    dtype: str | torch.dtype | None = None,
+    hf_token: str | None = None,
+    constrained: bool = True,
+) -> VLAPolicy:
+    """`load_policy` for a job whose ranks each evaluate with a whole replica, reading the weights once per job.
+
+    Rank 0 alone reads the checkpoint (a 7B model is 28 GB of FP32); the others build the same architecture on the
+    meta device, reading no weight file, and receive rank 0's values one tensor at a time by broadcast over
+    `comm_device`, the process group's device (CUDA for NCCL): `materialize_from_rank0`. A load that fails on any
+    rank stops every rank (`call_and_agree`). Without a group of several ranks it is `load_policy`. Collective.
+    """
+    # lazy: torch and the model code; this module stays torch-free for evaluate.py's --help
+    import torch.distributed as dist
+
+    from prismatic.inference.policy import VLAPolicy, load_policy, resolve_device_dtype
+    from prismatic.models.distributed_init import materialize_from_rank0
+    from prismatic.models.loading import load_vla
+    from prismatic.util.dist import call_and_agree
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return load_policy(checkpoint, device=device, dtype=dtype, hf_token=hf_token, constrained=constrained)
+    device, dtype = resolve_device_dtype(device, dtype)
+    where = None if dist.get_rank() == 0 else "meta"
+    loaded = call_and_agree(lambda: load_vla(checkpoint, hf_token=hf_token, dtype=dtype, device=where))
+    loaded.vlm.requires_grad_(False)  # inference: the ranks' layouts agree whatever the loader left trainable
+    materialize_from_rank0(loaded.vlm, None, comm_device, sync_rng=False)
+    return VLAPolicy(loaded.vlm, loaded.norm_stats, loaded.source, device, dtype, constrained=constrained)
+
+
 # === Report ===
 
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,6 +66,7 @@ from prismatic.run_layout import (
 )
 from prismatic.training.run_folder import Resume, RunFolder, run_identity, start_counters
 from prismatic.training.strategies.base import TrainingStrategy
+from prismatic.util.dist import call_and_agree
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import atomic_write, make_dirs, write_json_atomic, write_text_atomic
 
@@ -198,13 +200,19 @@ class CheckpointManager:
         keep_last: int | None,
         async_save: bool,
         rank: int,
+        dist_timeout: timedelta | None = None,
     ) -> None:
         self.dir = Path(run_dir) / CHECKPOINTS_DIR
         self.save_interval, self.keep_last, self.async_save = save_interval, keep_last, async_save
         self.rank, self.is_main = rank, rank == 0
         self._pending: _PendingSave | None = None
-        # Async saves talk on their own gloo group: the default group is busy with training's collectives.
-        self._group = dist.new_group(backend="gloo") if async_save and dist.is_initialized() else None
+        # Async saves talk on their own gloo group: the default group is busy with training's collectives. Its
+        # timeout is the run's (`--dist_timeout_s`), not gloo's default: ranks wait there for the slowest writer.
+        self._group = (
+            dist.new_group(backend="gloo", timeout=dist_timeout)
+            if async_save and dist.is_initialized()
+            else None
+        )
         self.last_saved: Path | None = None
 
     # --- start-up -----------------------------------------------------------------------------------------------
@@ -245,7 +253,7 @@ class CheckpointManager:
             if tmp.exists():
                 shutil.rmtree(tmp)
             make_dirs(tmp, "checkpoint folder")
-        _barrier()
+        _barrier(self._group)
         started = time.perf_counter()
         if write_rank_files is not None:
             write_rank_files(tmp)
@@ -274,7 +282,9 @@ class CheckpointManager:
         """Block until a background save is written and visible. Collective."""
         if self._pending is not None:
             self._complete_pending()
-            _barrier()
+            _barrier(
+                self._group
+            )  # waits for the slowest writer: gloo, with --dist_timeout_s, not an NCCL collective
 
     def _complete_pending(self) -> None:
         pending, self._pending = self._pending, None
@@ -392,9 +402,7 @@ class Checkpointer:
         model = self.state["model"].model
         if resume is None:
             if pretrained_checkpoint is not None:
-                load_full_model_weights(
-                    model, load_checkpoint_file(pretrained_checkpoint), pretrained_checkpoint
-                )
+                load_pretrained_weights(model, pretrained_checkpoint)
             return
         how = self.data.resume_from(resume.rank_frames, resume.data_snapshot)
         logger.info(
@@ -428,6 +436,7 @@ def build_checkpointer(
         keep_last=cfg.checkpoint.keep_last,
         async_save=cfg.checkpoint.async_save,
         rank=strategy.dist.rank,
+        dist_timeout=timedelta(seconds=cfg.dist_timeout_s),
     )
     manager.remove_leftovers()
     facts = {
@@ -440,9 +449,10 @@ def build_checkpointer(
     return Checkpointer(manager, state, counters, facts, data, cfg.checkpoint.data_snapshot)
 
 
-def _barrier() -> None:
+def _barrier(group: Any = None) -> None:
+    """A barrier on `group` (the background saves' gloo group when there is one; else the default group)."""
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 # === Single-file (format 1) checkpoints ===========================================================================
@@ -475,15 +485,44 @@ def saved_train_state(ckpt: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return dict(ckpt["train_state"])
 
 
-def load_full_model_weights(model: torch.nn.Module, ckpt: Mapping[str, Any], path: Path) -> None:
+def load_full_model_weights(
+    model: torch.nn.Module, ckpt: Mapping[str, Any] | None, path: Path, *, from_rank0: bool = False
+) -> None:
     """Load a checkpoint's consolidated weights (`load_checkpoint_file` layout) into a possibly sharded model.
-    Collective: call on every rank."""
+    `from_rank0`: only rank 0 passes `ckpt` (the others None) and broadcasts it. Collective: call on every rank."""
+    weights = flatten_modules(ckpt["model"]) if ckpt is not None else {}
+    options = StateDictOptions(full_state_dict=True, strict=True, broadcast_from_rank0=from_rank0)
     try:
-        set_model_state_dict(
-            model, flatten_modules(ckpt["model"]), options=StateDictOptions(full_state_dict=True, strict=True)
-        )
+        set_model_state_dict(model, weights, options=options)
     except (RuntimeError, KeyError, ValueError) as e:
         raise ConfigError(f"Checkpoint '{path}' does not fit this model (--vla.base_vlm?): {e}") from e
+
+
+def load_pretrained_weights(model: torch.nn.Module, path: Path) -> None:
+    """`--pretrained_checkpoint X --is_resume false`: `path`'s weights into the wrapped model, read by rank 0 alone.
+
+    The other ranks receive them from rank 0 one tensor at a time (`broadcast_from_rank0`), each keeping its FSDP
+    shard or DDP replica (host shards under CPU offload too: the broadcast runs on the group's device): a 7B FP32
+    checkpoint is read once per job, not once per rank. Rank 0 first checks names and shapes, and every rank raises
+    if that or the read fails (`call_and_agree`): none is left waiting in the broadcast. Collective.
+    """
+    from_rank0 = dist.is_initialized()
+    shapes = {name: tuple(t.shape) for name, t in get_model_state_dict(model).items()}
+
+    def read() -> dict[str, Any] | None:
+        if from_rank0 and dist.get_rank() != 0:
+            return None
+        ckpt = load_checkpoint_file(path)
+        weights = {name: tuple(t.shape) for name, t in flatten_modules(ckpt["model"]).items()}
+        wrong = sorted(set(weights) ^ set(shapes)) or [n for n in sorted(shapes) if weights[n] != shapes[n]]
+        if wrong:
+            raise ConfigError(
+                f"Checkpoint '{path}' does not fit this model (--vla.base_vlm?): names or shapes differ for "
+                f"{len(wrong)} tensors, e.g. {', '.join(wrong[:3])}."
+            )
+        return ckpt
+
+    load_full_model_weights(model, call_and_agree(read), path, from_rank0=from_rank0)
 
 
 def restore_from_file(

@@ -1,15 +1,18 @@
 """Preemption: SIGTERM / SIGINT end a run cleanly at a step boundary with a checkpoint, on every rank together.
 
 Clusters preempt with SIGTERM (SLURM, Kubernetes; torchrun forwards it to its workers), people press Ctrl-C
-(SIGINT). The handler only records the signal. After each optimiser step the loop asks `requested()`: the ranks
-agree (one max-reduction of a small CPU tensor on a gloo group, no device sync), because a signal can reach
-them between different steps and a rank that stopped alone would leave the others waiting in a collective. Then
-every rank saves a checkpoint and the process exits with code 128 + signal (143 for SIGTERM, 130 for SIGINT), the
-shell's convention for "ended by this signal"; a plain `--resume` continues the run. A second Ctrl-C while
-saving interrupts at once (KeyboardInterrupt): the last complete checkpoint is untouched.
+(SIGINT). The handler only records the signal. The ranks must agree, because a signal can reach them between
+different steps and a rank that stopped alone would leave the others waiting in a collective. They agree without a
+collective of their own: each step the loop hands `votes()` (this rank's "got SIGTERM", "got SIGINT" as 0 / 1) to the
+metrics' all-reduce that runs anyway (`StepMetrics.reduce(..., also_sum=votes)`), which sums them over the ranks,
+and `agreed(votes)` reads the same signal on every rank (SIGTERM when any rank got it, else SIGINT). Then every
+rank saves a checkpoint and the process exits with code 128 + signal (143 for SIGTERM, 130 for SIGINT), the
+shell's convention for "ended by this signal"; a plain `--resume` continues the run. A second Ctrl-C while saving
+interrupts at once (KeyboardInterrupt): the last complete checkpoint is untouched.
 
 torchrun gives its workers 30 s after forwarding SIGTERM before it kills them; a save that takes longer (very
-large models on slow storage) needs the signal delivered to the workers directly (e.g. SLURM `--signal`) earlier.
+large models on slow storage) needs the signal delivered to the workers directly and earlier
+(`configs/slurm_train.sh` does the arithmetic for a 7B save).
 """
 
 from __future__ import annotations
@@ -20,11 +23,10 @@ import threading
 from types import FrameType
 
 import torch
-import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the order of the vote columns
 
 
 def exit_code(signum: int) -> int:
@@ -41,14 +43,12 @@ class Preempted(Exception):
 
 
 class PreemptionHandler:
-    """Records SIGTERM / SIGINT while installed (a context manager); `requested()` is the ranks' agreement."""
+    """Records SIGTERM / SIGINT while installed (a context manager). `votes()` and `agreed()` turn the ranks'
+    records into one decision through a reduction the caller already runs; the handler communicates nothing."""
 
     def __init__(self) -> None:
         self.signum = 0
         self._previous: dict[int, object] = {}
-        # Agreement on a gloo group: CPU tensors, no wait on the GPU, and never interleaved with training's own
-        # collectives on the default (NCCL) group.
-        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
 
     def __enter__(self) -> PreemptionHandler:
         if threading.current_thread() is threading.main_thread():
@@ -60,9 +60,6 @@ class PreemptionHandler:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-        if self._group is not None:
-            dist.destroy_process_group(self._group)
-            self._group = None
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
@@ -74,10 +71,15 @@ class PreemptionHandler:
             )
         self.signum = signum
 
-    def requested(self) -> int:
-        """The signal any rank received (0 if none). Collective: every rank calls it after every step."""
-        if self._group is None:
-            return self.signum
-        flag = torch.tensor([self.signum], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return int(flag.item())
+    def votes(self) -> torch.Tensor:
+        """This rank's record as float64 host columns `[got SIGTERM, got SIGINT]` (0 or 1), to be summed over the
+        ranks by a reduction that already runs; the sums count the ranks that got each signal."""
+        return torch.tensor([float(self.signum == sig) for sig in SIGNALS], dtype=torch.float64)
+
+    def agreed(self, ranks_per_signal: torch.Tensor) -> int:
+        """The signal every rank acts on, from `votes()` summed over all ranks: SIGTERM when any rank got it (the
+        scheduler's stop outranks a Ctrl-C), else SIGINT when any rank got it, else 0."""
+        for sig, ranks in zip(SIGNALS, ranks_per_signal.tolist(), strict=True):
+            if ranks > 0:
+                return int(sig)
+        return 0

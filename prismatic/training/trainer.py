@@ -4,8 +4,8 @@ eval -> checkpoint.
 Everything it calls is swappable without touching it: the strategy (FSDP2 / DDP) says how gradients are synced
 and clipped, the action head computes the loss, the checkpoint manager decides when and how to save. Counters
 (step, epoch, frames consumed over all ranks) live in one dict that the checkpoint reads, so a checkpoint always
-holds the position the loop is at. Host syncs: one per step (the metrics' all-reduce, when they are logged);
-the micro-batches never wait for the device.
+holds the position the loop is at. Host syncs: one per step (the metrics' all-reduce, which also carries the
+ranks' preemption votes); the micro-batches never wait for the device.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def train_loop(
             epoch=step // plan.steps_per_epoch,
             frames=counters["frames"] + plan.global_batch_size,
         )
-        last = metrics.reduce(grad_norm)
+        votes = preemption.votes()  # summed over the ranks by the metrics' all-reduce: no collective
+        last = metrics.reduce(grad_norm, also_sum=votes)
         step_time = time.perf_counter() - started
         last.update(
             learning_rate=learning_rate,
@@ -122,7 +123,7 @@ def train_loop(
         )
         bar.update()
 
-        signum = preemption.requested()
+        signum = preemption.agreed(votes)  # the same on every rank
         if signum or checkpoints.should_save(step, is_last):
             checkpoints.save(bool(signum) or is_last)
         checkpoints.poll()

@@ -10,15 +10,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from prismatic.util.errors import ConfigError
 from prismatic.util.topology import num_nodes
 
 LAUNCHER_GONE_EXIT_CODE = 70  # a worker whose torchrun died exits with this code instead of training on
 LAUNCHER_POLL_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,32 @@ def _run_while_others_wait(
     finally:
         dist.barrier(group=group)
         dist.destroy_process_group(group)
+
+
+def call_and_agree(fn: Callable[[], T]) -> T:
+    """`fn()` on every rank, then one exchange of whether it failed anywhere: if it raised on some rank, every rank
+    raises (that rank its own exception; the others a `ConfigError` with the lowest failing rank's message when that
+    was a `ConfigError`, else a `RuntimeError` naming the rank). For work done by some ranks only (rank 0 reads a
+    checkpoint), so that no rank goes on into a collective that waits for one that stopped. Collective.
+    """
+    error: Exception | None = None
+    try:
+        result = fn()
+    except Exception as e:  # every kind: any rank that stops here must stop the others too
+        error = e
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        failures: list[tuple[bool, str] | None] = [None] * dist.get_world_size()
+        mine = None if error is None else (isinstance(error, ConfigError), f"{type(error).__name__}: {error}")
+        dist.all_gather_object(failures, mine)
+        found = [(rank, failure) for rank, failure in enumerate(failures) if failure is not None]
+        if found and error is None:
+            rank, (is_config, message) = found[0]
+            if is_config:
+                raise ConfigError(message.removeprefix("ConfigError: "))
+            raise RuntimeError(f"rank {rank} failed ({message}), so this rank stops too")
+    if error is not None:
+        raise error
+    return result
 
 
 def _free_port() -> int:

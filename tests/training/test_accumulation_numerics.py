@@ -125,7 +125,10 @@ class _NoCheckpoints:
 
 
 class _NoPreemption:
-    def requested(self) -> int:
+    def votes(self) -> torch.Tensor:
+        return torch.zeros(2, dtype=torch.float64)
+
+    def agreed(self, ranks_per_signal: torch.Tensor) -> int:
         return 0
 
 

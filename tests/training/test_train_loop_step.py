@@ -89,7 +89,10 @@ class _Preemption:
     def __init__(self, at_step: int | None = None) -> None:
         self.at_step, self.calls = at_step, 0
 
-    def requested(self):
+    def votes(self):
+        return torch.zeros(2, dtype=torch.float64)
+
+    def agreed(self, ranks_per_signal):
         self.calls += 1
         return signal.SIGTERM if self.calls == self.at_step else 0
 

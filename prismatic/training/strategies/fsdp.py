@@ -20,6 +20,7 @@ shards, only their local values are on the host.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -199,6 +200,27 @@ class FSDPStrategy(TrainingStrategy):
             yield
         finally:
             self.model.set_requires_gradient_sync(True)
+
+    @functools.cached_property
+    def replicates_across_nodes(self) -> bool:
+        """Whether the wrapped model's mesh has a replicate dimension (hybrid sharding): its gradients are then
+        reduce-scattered within the node and all-reduced across nodes. Read from the parameters once wrapped."""
+        return any(isinstance(p, DTensor) and p.device_mesh.ndim == 2 for p in self.model.parameters())
+
+    @contextlib.contextmanager
+    def defer_cross_node_reduce(self) -> Iterator[None]:
+        """Hybrid sharding, gradients reduced every micro-batch: reduce-scatter within the node now, but all-reduce
+        across nodes only on the last micro-batch (FSDP2 adds the deferred partial sums into it), one slow-link
+        all-reduce per step instead of one per micro-batch. The partial sums wait on the device (a shard in the
+        reduce dtype), so under `--vla.cpu_offload`, whose point is device memory, every micro-batch all-reduces."""
+        if not self.replicates_across_nodes or self.vla.cpu_offload:
+            yield
+            return
+        self.model.set_requires_all_reduce(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_all_reduce(True)
 
 
 class FSDPShardGradOpStrategy(FSDPStrategy):
