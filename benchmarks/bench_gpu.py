@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -332,7 +333,7 @@ def run_predict(
             {
                 "case": f"predict_action ({mode})",
                 "p50_ms": round(1e3 * statistics.median(latencies), 1),
-                "p90_ms": round(1e3 * latencies[int(0.9 * (len(latencies) - 1))], 1),
+                "p90_ms": round(1e3 * latencies[math.ceil(0.9 * len(latencies)) - 1], 1),
             }
         )
     for batch_size in args.predict_batch_sizes:
