@@ -300,7 +300,8 @@ def run_predict(
         "mask": [True] * (ACTION_DIM - 1) + [False],
     }
     device_t, dtype = resolve_device_dtype(device, None)
-    policy = VLAPolicy(vlm, {"bench": {"action": stats}}, base_vlm, device_t, dtype)
+    with torch.device("cpu"):  # host-side tables (image transforms), whatever the default device
+        policy = VLAPolicy(vlm, {"bench": {"action": stats}}, base_vlm, device_t, dtype)
     rng = np.random.default_rng(0)
     size = 224
 
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     on_gpu = device.type == "cuda"
     cases = GPU_CASES if on_gpu else CPU_CASES
-    names = args.cases or list(cases)
+    names = list(cases) if args.cases is None else args.cases  # `--cases` with no names: predict only
     unknown = [name for name in names if name not in {**GPU_CASES, **CPU_CASES}]
     if unknown:
         print(

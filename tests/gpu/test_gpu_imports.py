@@ -36,7 +36,9 @@ def test_suite_imports_no_tensorflow_or_wandb(device: torch.device) -> None:
             "print('imported', len(sys.modules))",
         ]
     )
-    path = os.pathsep.join([str(HERE), str(REPO / "tests"), str(REPO)])
+    # Keep what the caller's PYTHONPATH adds (packages installed beside the interpreter's, e.g. with --target).
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([str(HERE), str(REPO / "tests"), str(REPO), *inherited])
     env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -68,3 +68,11 @@ def test_other_sizes_and_pil_images_take_the_pil_path(monkeypatch: pytest.Monkey
     assert calls == []
     policy._transform(np.zeros((h, w, 3), np.uint8))
     assert len(calls) == 1
+
+
+def test_array_tables_are_host_tensors_under_another_default_device() -> None:
+    from prismatic.vla.datasets.batch_transform import _ArrayToNormalizedTensor
+
+    with torch.device("meta"):  # stands for "cuda": any default device other than the host
+        table = _ArrayToNormalizedTensor.from_mean_std((2, 2), [0.5, 0.5, 0.5], [0.25, 0.25, 0.25])
+    assert table(np.full((2, 2, 3), 255, np.uint8)).tolist() == [[[2.0, 2.0], [2.0, 2.0]]] * 3

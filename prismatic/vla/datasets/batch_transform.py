@@ -54,9 +54,10 @@ class _ArrayToNormalizedTensor:
 
     @classmethod
     def from_mean_std(cls, size_hw: tuple[int, int], mean: Any, std: Any) -> _ArrayToNormalizedTensor:
-        values = torch.arange(256, dtype=torch.float32)[None, :].expand(3, 256)
-        mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(3, 1)
-        std_t = torch.as_tensor(std, dtype=torch.float32).reshape(3, 1)
+        # A host table whatever the default device (a policy may be built inside `with torch.device("cuda")`).
+        values = torch.arange(256, dtype=torch.float32, device="cpu")[None, :].expand(3, 256)
+        mean_t = torch.as_tensor(mean, dtype=torch.float32, device="cpu").reshape(3, 1)
+        std_t = torch.as_tensor(std, dtype=torch.float32, device="cpu").reshape(3, 1)
         return cls(size_hw, values.div(255).sub(mean_t).div(std_t).numpy())
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
