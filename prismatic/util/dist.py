@@ -30,6 +30,9 @@ class DistInfo:
     world_size: int
     num_nodes: int
     device: torch.device
+    timeout: timedelta | None = (
+        None  # the default group's (`--dist_timeout_s`); groups made later take it too
+    )
 
     @property
     def is_main(self) -> bool:
@@ -63,7 +66,7 @@ def init_distributed(timeout: timedelta | None = None) -> DistInfo:
         )
     if "TORCHELASTIC_RUN_ID" in os.environ:
         exit_when_launcher_dies()
-    return DistInfo(rank, local_rank, world_size, num_nodes(world_size), device)
+    return DistInfo(rank, local_rank, world_size, num_nodes(world_size), device, timeout)
 
 
 def exit_when_launcher_dies(poll_s: float = LAUNCHER_POLL_S) -> threading.Thread:

@@ -25,6 +25,7 @@ def test_the_default_group_gets_the_timeout(monkeypatch: pytest.MonkeyPatch) -> 
     info = dist_util.init_distributed(timedelta(seconds=5400))
     assert [c["timeout"] for c in calls] == [timedelta(seconds=5400)]
     assert (info.rank, info.world_size, info.num_nodes) == (0, 1, 1)
+    assert info.timeout == timedelta(seconds=5400)  # what groups made later (the hybrid mesh's) are given
 
 
 def test_the_flag_defaults_to_an_hour_and_refuses_less_than_a_minute() -> None:

@@ -71,3 +71,28 @@ def test_run_on_main_waits_on_a_gloo_group_with_the_timeout(new_groups: list[dic
     dist_util.run_on_main(lambda: ran.append(1), info, timeout=timedelta(seconds=3600))
     assert ran == []  # rank 1 only waits
     assert new_groups == [{"backend": "gloo", "timeout": timedelta(seconds=3600)}]
+
+
+def test_the_hybrid_mesh_groups_get_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP's hybrid mesh is built from groups made with the run's timeout (`init_device_mesh` would give torch's
+    default): a real 1 x 1 mesh in a gloo group of one, each enumeration's timeout recorded."""
+    import torch
+
+    from prismatic.training.strategies.fsdp import hybrid_mesh
+
+    timeouts: list[timedelta | None] = []
+    real = dist.new_subgroups_by_enumeration
+
+    def recording(ranks, timeout=None, **kwargs):
+        timeouts.append(timeout)
+        return real(ranks, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", recording)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = hybrid_mesh("cpu", 1, 1, timedelta(seconds=4321))
+        assert mesh.mesh_dim_names == ("replicate", "shard") and mesh.mesh.tolist() == [[0]]
+        assert torch.equal(mesh.mesh, torch.tensor([[0]]))
+    finally:
+        dist.destroy_process_group()
+    assert timeouts == [timedelta(seconds=4321)] * 2
