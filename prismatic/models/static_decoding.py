@@ -13,8 +13,9 @@ graphs; the extra room is left padding, masked as padding is.
 The arithmetic is `greedy_decode`'s (same layout, positions, masking of pads, choice and log-probabilities); only
 the kernels' schedule differs, so ids match the dynamic-cache path (pinned on CPU in FP32, where the same functions
 run eagerly, and on GPU in bf16 by tests/gpu). Where the installed transformers' `StaticCache` does not keep its
-write position as a tensor (`cumulative_length`), `supported` says no and the dynamic path runs; a shape whose
-capture fails (an operation that waits for the host) runs the same functions eagerly.
+write position as a tensor (`cumulative_length`), or where the model has sliding-window layers (Mistral),
+`supported` says no and the dynamic path runs; a shape whose capture fails (an operation that waits for the
+host) runs the same functions eagerly.
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ def supported(llm: torch.nn.Module) -> bool:
     except (ImportError, TypeError, ValueError):
         return False
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(hasattr(layer, "cumulative_length") for layer in layers)
+    # Plain full-attention layers only: a sliding-window layer (Mistral) writes and masks its window otherwise.
+    return bool(layers) and all(
+        type(layer).__name__ == "StaticLayer" and hasattr(layer, "cumulative_length") for layer in layers
+    )
 
 
 def _like(value: Any) -> Any:

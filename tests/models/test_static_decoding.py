@@ -129,3 +129,60 @@ def test_two_views_and_proprio_in_the_prefix() -> None:
     static = greedy_decode(vlm, prompts, torch.stack(views), 7, static_cache=True, **kwargs)
     assert torch.equal(static.token_ids, dynamic.token_ids)
     torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "phi"])
+def test_other_llm_families_decode_the_same(model_type: str) -> None:
+    """Qwen2 (biased q/k/v projections) and Phi (partial rotary, biased LM head) take the static path too: the
+    same ids as the dynamic cache, on tiny random models of each architecture."""
+    from prismatic.models.backbones.llm.hf_causal import HFCausalLLMBackbone
+    from prismatic.models.backbones.llm.prompting import PurePromptBuilder
+    from prismatic.models.backbones.llm.registry import LLMBackboneSpec
+    from prismatic.models.backbones.vision import build_vision_backbone
+    from prismatic.models.registry import get_base_vlm_spec
+    from prismatic.models.vlms.prismatic import PrismaticVLM
+
+    torch.manual_seed(0)
+    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config.update(num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    spec = LLMBackboneSpec(
+        model_type, PurePromptBuilder, model_type=model_type, config=config, tokenizer_source="tiny"
+    )
+    llm = HFCausalLLMBackbone(f"tiny-{model_type}", spec, pretrained=False)
+    base = get_base_vlm_spec("tiny-vit+tiny-llama")
+    vision = build_vision_backbone(base.vision_backbone_id, base.image_resize_strategy, pretrained=False)
+    vlm = PrismaticVLM(f"tiny-vit+tiny-{model_type}", vision, llm, base.arch_specifier).eval()
+    vlm.attach_action_modules(ActionSpec(action_dim=7))
+    assert static_decoding.supported(llm.llm)
+    transform = vision.get_image_transform()
+    pixels = torch.stack(
+        [
+            transform(Image.fromarray(np.random.default_rng(i).integers(0, 256, (64, 64, 3), np.uint8)))
+            for i in range(2)
+        ]
+    )
+    prompts = [llm.tokenizer(text).input_ids for text in PROMPTS[:2]]
+    kwargs = {"pad_id": llm.tokenizer.pad_token_id, "allowed_ids": None}
+    dynamic = greedy_decode(vlm, prompts, pixels, 7, static_cache=False, **kwargs)
+    static = greedy_decode(vlm, prompts, pixels, 7, static_cache=True, **kwargs)
+    assert torch.equal(static.token_ids, dynamic.token_ids)
+    torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+
+
+def test_sliding_window_models_keep_the_dynamic_cache() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "mistral",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        sliding_window=32,
+    )
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert not static_decoding.supported(model)
