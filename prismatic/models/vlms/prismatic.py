@@ -308,8 +308,14 @@ class PrismaticVLM(nn.Module):
         mask = parallel_decoding_mask(attention_mask, full_actions)
         hidden = self.llm_backbone.last_hidden_state(inputs_embeds, mask)
         spec = self.action_spec
-        # Every row holds exactly chunk_size * action_dim action positions, in order (the head's layout).
-        slots = hidden[full_actions].view(batch_size, spec.chunk_size, spec.action_dim * hidden.shape[-1])
+        # Every row holds exactly chunk_size * action_dim action positions (the head's layout); they are gathered in
+        # order by a stable sort of the mask, not by boolean indexing, which would wait for the device.
+        count = spec.chunk_size * spec.action_dim
+        order = torch.sort(full_actions.to(torch.uint8), dim=1, descending=True, stable=True).indices[
+            :, :count
+        ]
+        slots = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))
+        slots = slots.reshape(batch_size, spec.chunk_size, spec.action_dim * hidden.shape[-1])
         actions = self.action_head(slots)
         # FSDP2 hooks the output for backward; a view (Linear's 3D output is one) would warn that an in-place op on
         # it could skip that hook.
