@@ -282,9 +282,8 @@ class CheckpointManager:
         """Block until a background save is written and visible. Collective."""
         if self._pending is not None:
             self._complete_pending()
-            _barrier(
-                self._group
-            )  # waits for the slowest writer: gloo, with --dist_timeout_s, not an NCCL collective
+            # Waits for the slowest writer: on the gloo group (with --dist_timeout_s), not in an NCCL collective.
+            _barrier(self._group)
 
     def _complete_pending(self) -> None:
         pending, self._pending = self._pending, None

@@ -30,9 +30,8 @@ class DistInfo:
     world_size: int
     num_nodes: int
     device: torch.device
-    timeout: timedelta | None = (
-        None  # the default group's (`--dist_timeout_s`); groups made later take it too
-    )
+    # The default group's (`--dist_timeout_s`); groups made later (the hybrid mesh's) take it too.
+    timeout: timedelta | None = None
 
     @property
     def is_main(self) -> bool:

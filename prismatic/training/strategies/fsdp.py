@@ -20,7 +20,6 @@ shards, only their local values are on the host.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -125,6 +124,7 @@ class FSDPStrategy(TrainingStrategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         check_cpu_offload(self.vla.cpu_offload, self.dist.device)
+        self.mesh: DeviceMesh | None = None  # the mesh the model is sharded over (`wrap_model`)
 
     def device_mesh(self) -> DeviceMesh:
         world, device_type = self.dist.world_size, self.dist.device.type
@@ -146,7 +146,7 @@ class FSDPStrategy(TrainingStrategy):
         return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
     def wrap_model(self) -> torch.nn.Module:
-        mesh = self.device_mesh()
+        mesh = self.mesh = self.device_mesh()
         policy = mixed_precision_policy(self.mixed_precision, self.vla.reduce_in_full_precision)
         if self.mixed_precision:
             cast_frozen_params_to_bf16(self.vlm)
@@ -214,19 +214,13 @@ class FSDPStrategy(TrainingStrategy):
         finally:
             self.model.set_requires_gradient_sync(True)
 
-    @functools.cached_property
-    def replicates_across_nodes(self) -> bool:
-        """Whether the wrapped model's mesh has a replicate dimension (hybrid sharding): its gradients are then
-        reduce-scattered within the node and all-reduced across nodes. Read from the parameters once wrapped."""
-        return any(isinstance(p, DTensor) and p.device_mesh.ndim == 2 for p in self.model.parameters())
-
     @contextlib.contextmanager
     def defer_cross_node_reduce(self) -> Iterator[None]:
         """Hybrid sharding, gradients reduced every micro-batch: reduce-scatter within the node now, but all-reduce
         across nodes only on the last micro-batch (FSDP2 adds the deferred partial sums into it), one slow-link
         all-reduce per step instead of one per micro-batch. The partial sums wait on the device (a shard in the
         reduce dtype), so under `--vla.cpu_offload`, whose point is device memory, every micro-batch all-reduces."""
-        if not self.replicates_across_nodes or self.vla.cpu_offload:
+        if self.mesh is None or self.mesh.ndim != 2 or self.vla.cpu_offload:  # 2-D: replicate x shard
             yield
             return
         self.model.set_requires_all_reduce(False)
