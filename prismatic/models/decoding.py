@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prismatic.models import static_decoding
+from prismatic.models.prompt_layout import layout, prompt_embeddings
 from prismatic.util.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -81,26 +82,10 @@ def _left_padded_embeddings(
     proprio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Input embeddings `[B, S, D]` (BOS, the VLM's prefix: patches of every view and proprio, rest of the prompt;
-    right-aligned) and their mask `[B, S]`."""
+    right-aligned: `prompt_layout`) and their mask `[B, S]`."""
     device = vlm.llm_backbone.llm.get_input_embeddings().weight.device
-    lengths = [len(ids) for ids in prompt_ids]
-    ids = torch.full((len(prompt_ids), max(lengths)), pad_id, dtype=torch.long)
-    for row, row_ids in enumerate(prompt_ids):
-        ids[row, : len(row_ids)] = torch.as_tensor(row_ids, dtype=torch.long)
-    text = vlm.llm_backbone.embed_input_ids(ids.to(device))
-    patches = vlm.prefix_embeddings(pixel_values, proprio).to(text.dtype)
-    num_patches = patches.shape[1]
-
-    seq_len = num_patches + max(lengths)
-    embeds = text.new_zeros((len(prompt_ids), seq_len, text.shape[-1]))
-    mask = torch.zeros((len(prompt_ids), seq_len), dtype=torch.long, device=device)
-    for row, length in enumerate(lengths):
-        start = seq_len - (num_patches + length)
-        embeds[row, start] = text[row, 0]
-        embeds[row, start + 1 : start + 1 + num_patches] = patches[row]
-        embeds[row, start + 1 + num_patches :] = text[row, 1:length]
-        mask[row, start:] = 1
-    return embeds, mask
+    ids, index, mask = (t.to(device) for t in layout(prompt_ids, vlm.num_prefix_tokens, pad_id))
+    return prompt_embeddings(vlm, ids, index, mask, pixel_values, proprio), mask
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from prismatic.models.prompt_layout import layout, prompt_embeddings, round_up
+
 if TYPE_CHECKING:
     from prismatic.models.vlms.prismatic import PrismaticVLM
 
@@ -38,10 +40,6 @@ CACHE_BUCKET = 32  # cache lengths are multiples of this
 MAX_GRAPHS = 4  # per model: each holds a static KV cache (B x layers x 2 x heads x length x head_dim)
 
 Choose = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _static_cache(llm: torch.nn.Module, max_len: int) -> Any:
@@ -145,13 +143,7 @@ class StaticDecoder:
 
     def _prefill(self) -> None:
         """Prompt embeddings (text and prefix, laid out by `index`), the LLM into the reset cache, the first choice."""
-        text = self.vlm.llm_backbone.embed_input_ids(self.ids)
-        prefix = self.vlm.prefix_embeddings(self.pixels, self.proprio).to(text.dtype)
-        source = torch.cat([text, prefix], dim=1)
-        embeds = source.gather(1, self.index[..., None].expand(-1, -1, source.shape[-1]))
-        embeds = embeds * self.mask[..., None].to(
-            embeds.dtype
-        )  # pads are zero vectors, as in `greedy_decode`
+        embeds = prompt_embeddings(self.vlm, self.ids, self.index, self.mask, self.pixels, self.proprio)
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         padded = torch.zeros((self.mask.shape[0], self.max_len), dtype=torch.bool, device=self.mask.device)
         padded[:, : self.seq_len] = self.mask.bool()
@@ -222,30 +214,6 @@ class StaticDecoder:
         return torch.stack(ids, dim=1), torch.stack(logprobs, dim=1)
 
 
-def layout(
-    prompt_ids: Sequence[Sequence[int]], num_prefix: int, pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Host tensors of the right-aligned prompt layout `greedy_decode` uses, with room rounded up: token ids
-    `[B, T]` (right-padded), the gather index `[B, S]` into `cat(text embeddings, prefix)` and the mask `[B, S]`.
-
-    Row r of length l: `[pads] [BOS] [prefix 0 .. num_prefix - 1] [text 1 .. l - 1]`, pads pointing at position 0.
-    """
-    lengths = [len(ids) for ids in prompt_ids]
-    text_len = _round_up(max(lengths), TEXT_BUCKET)
-    seq_len = _round_up(max(lengths) + num_prefix, TEXT_BUCKET)
-    ids = torch.full((len(prompt_ids), text_len), pad_id, dtype=torch.long)
-    index = torch.zeros((len(prompt_ids), seq_len), dtype=torch.long)
-    mask = torch.zeros((len(prompt_ids), seq_len), dtype=torch.long)
-    for row, row_ids in enumerate(prompt_ids):
-        length = len(row_ids)
-        ids[row, :length] = torch.as_tensor(row_ids, dtype=torch.long)
-        start = seq_len - (num_prefix + length)
-        index[row, start + 1 : start + 1 + num_prefix] = text_len + torch.arange(num_prefix)
-        index[row, start + 1 + num_prefix :] = torch.arange(1, length)
-        mask[row, start:] = 1
-    return ids, index, mask
-
-
 def static_decode(
     vlm: PrismaticVLM,
     prompt_ids: Sequence[Sequence[int]],
@@ -263,9 +231,9 @@ def static_decode(
     The model keeps one `StaticDecoder` per shape (at most `MAX_GRAPHS`, least recently used dropped; they go
     with the model). `choose_key` names `choose`'s behaviour (its id range), which its graphs bake in.
     """
-    ids, index, mask = layout(prompt_ids, vlm.num_prefix_tokens, pad_id)
+    ids, index, mask = layout(prompt_ids, vlm.num_prefix_tokens, pad_id, bucket=TEXT_BUCKET)
     seq_len = mask.shape[1]
-    shape = (len(prompt_ids), ids.shape[1], seq_len, _round_up(seq_len + num_tokens, CACHE_BUCKET))
+    shape = (len(prompt_ids), ids.shape[1], seq_len, round_up(seq_len + num_tokens, CACHE_BUCKET))
     dtype = vlm.llm_backbone.llm.get_input_embeddings().weight.dtype
     key = (shape, dtype, choose_key, use_graph, proprio is not None)
     kept = vlm.__dict__.setdefault("_static_decoders", OrderedDict())

@@ -13,6 +13,7 @@ from PIL import Image
 from prismatic.models import build_vlm, static_decoding
 from prismatic.models.action_heads import ActionSpec
 from prismatic.models.decoding import greedy_decode
+from prismatic.models.prompt_layout import layout
 
 PROMPTS = (
     "In: What action should the robot take to pick up the can?\nOut: ",
@@ -84,7 +85,7 @@ def test_decoders_are_kept_per_shape_and_bounded(model) -> None:
 
 
 def test_layout_right_aligns_bos_prefix_and_text() -> None:
-    ids, index, mask = static_decoding.layout([[1, 7, 8], [1, 9]], num_prefix=2, pad_id=0)
+    ids, index, mask = layout([[1, 7, 8], [1, 9]], num_prefix=2, pad_id=0, bucket=static_decoding.TEXT_BUCKET)
     assert ids.shape == (2, 16) and ids[0, :3].tolist() == [1, 7, 8] and ids[1, :3].tolist() == [1, 9, 0]
     # 16 positions: row 0 = 11 pads, BOS, prefix (text_len + 0, + 1), text 1..2; row 1 one pad more, one token less.
     assert index[0, 11:].tolist() == [0, 16, 17, 1, 2] and mask[0].tolist() == [0] * 11 + [1] * 5

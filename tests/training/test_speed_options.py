@@ -9,11 +9,9 @@ as they were, so it is checked to resolve to off there and on on CUDA.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
@@ -30,17 +28,6 @@ from prismatic.vla.datasets.synthetic import synthetic_batch
 BASE, VLA = "tiny-vit+tiny-llama", "tiny+mx-toy"
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 STATS = {"toy": {"action": {"q01": [0.0] * 7}}}
-
-
-@pytest.fixture(scope="module")
-def group() -> Iterator[DistInfo]:
-    """A gloo process group of one in this process, as a one-rank torchrun run has."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield DistInfo(0, 0, 1, 1, CPU)
-    finally:
-        dist.destroy_process_group()
 
 
 def _tiny(spec: ActionSpec = ActionSpec(action_dim=7)):
@@ -108,13 +95,13 @@ def test_label_positions_are_the_labelled_ones_in_order() -> None:
     assert targets.tolist() == [[7, -100, -100]]  # fewer labels than the layout's: the rest is ignored
 
 
-def test_causal_mask_only_drops_right_padding_alone_and_keeps_the_outputs(group: DistInfo) -> None:
+def test_causal_mask_only_drops_right_padding_alone_and_keeps_the_outputs(one_rank: DistInfo) -> None:
     assert is_right_padded(torch.tensor([[1, 1, 1], [1, 1, 0]]))
     assert not is_right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
     vla.causal_mask_only = "on"
-    strategy = get_train_strategy(vlm, vla, group)
+    strategy = get_train_strategy(vlm, vla, one_rank)
     batch = synthetic_batch(vlm, head, 4)
     moved = strategy.to_device(batch)
     assert moved["attention_mask"] is None
@@ -150,12 +137,12 @@ def test_adamw_implementations_give_the_default_update(implementation: str) -> N
     assert optimizers[1].param_groups[1]["weight_decay"] == 0.0  # norms and biases still undecayed
 
 
-def _losses(group: DistInfo, compile_blocks: bool, steps: int = 5) -> list[float]:
+def _losses(one_rank: DistInfo, compile_blocks: bool, steps: int = 5) -> list[float]:
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
     vla.compile = compile_blocks
     vla.enable_mixed_precision_training = False
-    strategy = get_train_strategy(vlm, vla, group)
+    strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(steps)
     losses = []
     for step in range(steps):
@@ -169,12 +156,12 @@ def _losses(group: DistInfo, compile_blocks: bool, steps: int = 5) -> list[float
     return losses
 
 
-def test_compiled_blocks_train_like_eager(group: DistInfo) -> None:
+def test_compiled_blocks_train_like_eager(one_rank: DistInfo) -> None:
     """Five FSDP2 steps (activation checkpointing on) with every block compiled: the eager run's losses within
     FP32 tolerance, and the checkpoint keys unchanged (blocks are compiled in place)."""
     torch._dynamo.reset()
-    eager = _losses(group, compile_blocks=False)
-    compiled = _losses(group, compile_blocks=True)
+    eager = _losses(one_rank, compile_blocks=False)
+    compiled = _losses(one_rank, compile_blocks=True)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # something was compiled
     assert eager[0] != eager[-1]  # the steps train
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
@@ -182,6 +169,6 @@ def test_compiled_blocks_train_like_eager(group: DistInfo) -> None:
     keys = set(vlm.state_dict())
     vla = get_vla_config(VLA)
     vla.compile = True
-    strategy = get_train_strategy(vlm, vla, group)
+    strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(1)
     assert set(strategy.model.state_dict()) == keys

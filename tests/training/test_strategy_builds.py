@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -89,17 +88,6 @@ def describe_fsdp(model: torch.nn.Module) -> dict[str, Any]:
 
 
 # === One rank, in this process ====================================================================================
-
-
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[DistInfo]:
-    """A gloo process group of one, in this process, removed afterwards (other test files build their own)."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield DistInfo(0, 0, 1, 1, CPU)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -26,16 +26,18 @@ INSTRUCTIONS = (
 )
 
 
-def synthetic_frame(rng: np.random.Generator, spec_action_shape: tuple[int, ...], size: int = 224) -> dict:
+def synthetic_frame(
+    rng: np.random.Generator, action_shape: tuple[int, ...], proprio_dim: int = 8, size: int = 224
+) -> dict:
     """One standardised frame (the pipeline's format) with random image, action and proprio."""
     image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
     return {
         "task": {"language_instruction": INSTRUCTIONS[int(rng.integers(len(INSTRUCTIONS)))]},
-        "action": rng.uniform(-1, 1, spec_action_shape).astype(np.float32),
+        "action": rng.uniform(-1, 1, action_shape).astype(np.float32),
         "observation": {
             "image_primary": image,
             "image_wrist": image[::-1].copy(),
-            "proprio": rng.uniform(-1, 1, (8,)).astype(np.float32),
+            "proprio": rng.uniform(-1, 1, (proprio_dim,)).astype(np.float32),
         },
         "dataset_name": "synthetic",
     }
@@ -60,8 +62,6 @@ def synthetic_batch(
     )
     rng = np.random.default_rng(seed)
     action_shape = (spec.chunk_size, spec.action_dim) if head.chunked else (spec.action_dim,)
-    frames = [synthetic_frame(rng, action_shape, image_size) for _ in range(batch_size)]
-    for frame in frames:
-        frame["observation"]["proprio"] = frame["observation"]["proprio"][: spec.proprio_dim or 8]
+    frames = [synthetic_frame(rng, action_shape, spec.proprio_dim or 8, image_size) for _ in range(batch_size)]
     with torch.device("cpu"):  # host tensors, as the loader makes them, whatever the default device
         return collate([transform(frame) for frame in frames])
