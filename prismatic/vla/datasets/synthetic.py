@@ -62,6 +62,8 @@ def synthetic_batch(
     )
     rng = np.random.default_rng(seed)
     action_shape = (spec.chunk_size, spec.action_dim) if head.chunked else (spec.action_dim,)
-    frames = [synthetic_frame(rng, action_shape, spec.proprio_dim or 8, image_size) for _ in range(batch_size)]
+    frames = [
+        synthetic_frame(rng, action_shape, spec.proprio_dim or 8, image_size) for _ in range(batch_size)
+    ]
     with torch.device("cpu"):  # host tensors, as the loader makes them, whatever the default device
         return collate([transform(frame) for frame in frames])
