@@ -14,7 +14,7 @@ VLA       ?= tiny+mx-toy
 # Fresh venv + project (editable) + test tools. torch/torchvision are pinned in pyproject.toml.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,sim,sim-assets]' && $(BIN)/pip install --quiet --disable-pip-version-check --no-deps hf-libero==0.1.4
 	touch $(STAMP)
 
 install: $(STAMP)

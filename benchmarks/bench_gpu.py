@@ -4,6 +4,8 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
     make bench-gpu                                   # one GPU: the 7B and ~1B cases, before/after the speed flags
     python benchmarks/bench_gpu.py --device cpu      # the tiny ids on CPU (what CI runs)
     python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --peak_tflops 989
+    python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --no_predict --print_losses \
+        --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
 
 Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token
 for modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against
@@ -122,9 +124,9 @@ def random_vlm(base_vlm: str, device: torch.device, tokenizer_dir: Path) -> Pris
     return vlm
 
 
-def _vla(case: Case, variant: str, steps: int) -> VLAConfig:
+def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None = None) -> VLAConfig:
     before = variant == "before"
-    return VLAConfig(
+    vla = VLAConfig(
         base_vlm=case.base_vlm,
         use_lora=case.use_lora,
         lora_rank=32,
@@ -139,6 +141,24 @@ def _vla(case: Case, variant: str, steps: int) -> VLAConfig:
         causal_mask_only="off" if before else "auto",
         compile=variant.endswith("+compile"),
     )
+    for name, value in (overrides or {}).items():
+        setattr(vla, name, value)
+    vla.check_values()
+    return vla
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`--set name=value ...` as VLAConfig fields (values read as YAML: true, 1e-4, off)."""
+    import yaml
+
+    fields = set(VLAConfig.__dataclass_fields__)
+    overrides = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"bench_gpu: --set takes name=value with a VLAConfig field name, got '{pair}'.")
+        overrides[name] = yaml.safe_load(value)
+    return overrides
 
 
 def model_flops_per_sample(vlm: PrismaticVLM, batch: dict[str, Any]) -> float:
@@ -165,13 +185,18 @@ def model_flops_per_sample(vlm: PrismaticVLM, batch: dict[str, Any]) -> float:
 class _Times:
     """A tracker: the loop's own step times."""
 
-    def __init__(self) -> None:
+    def __init__(self, print_losses: bool = False) -> None:
         self.steps: list[float] = []
         self.losses: list[float] = []
+        self.print_losses = print_losses
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.steps.append(metrics["step_time_s"])
         self.losses.append(metrics["loss"])
+        if self.print_losses:
+            print(
+                f"  step {step}: loss {metrics['loss']:.5f}, grad norm {metrics.get('grad_norm', float('nan')):.5f}"
+            )
 
 
 class _NoCheckpoints:
@@ -209,7 +234,7 @@ def run_training_case(
     tokenizer_dir: Path,
     dist_info: Any,
 ) -> dict[str, Any]:
-    vla = _vla(case, variant, args.warmup + args.steps + 1)
+    vla = _vla(case, variant, args.warmup + args.steps + 1, args.overrides)
     vlm = random_vlm(case.base_vlm, device, tokenizer_dir)
     vlm.freeze_backbones(vla.stage)
     if vla.use_lora:
@@ -238,7 +263,7 @@ def run_training_case(
             yield batches[i % len(batches)]
             i += 1
 
-    times = _Times()
+    times = _Times(args.print_losses)
     stream_iter = stream()
     hooks = LoopHooks(trackers=[times], checkpoints=_NoCheckpoints(), preemption=PreemptionHandler())
     metrics = StepMetrics(["synthetic"], head, device)
@@ -373,9 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no_predict", action="store_true")
     parser.add_argument(
+        "--set", nargs="*", default=[], metavar="NAME=VALUE", help="VLAConfig overrides for every case"
+    )
+    parser.add_argument("--print_losses", action="store_true", help="each step's loss and gradient norm")
+    parser.add_argument(
         "--json_out", type=Path, default=None, help="also write every result here (JSON lines)"
     )
     args = parser.parse_args(argv)
+    args.overrides = parse_overrides(args.set)
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

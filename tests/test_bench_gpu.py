@@ -39,6 +39,9 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         "2",
         "--json_out",
         str(out),
+        "--print_losses",
+        "--set",
+        "enable_mixed_precision_training=false",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -59,6 +62,12 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         assert r["host_syncs_per_step"] == 0 and r["mfu_pct"] is None  # CPU: no device to wait for, no peak
     # The same seed and batches: the speed flags off and on train to the same loss on CPU ("auto" = off there).
     assert training[0]["last_loss"] == training[1]["last_loss"]
+    # --print_losses: one line per step (1 warm-up + 1 sync-count + 2 timed) per case and variant; the last one of
+    # each run is the loss it reports.
+    step_lines = [line for line in done.stdout.splitlines() if line.strip().startswith("step ")]
+    assert len(step_lines) == 4 * len(training)
+    printed = [float(step_lines[4 * i + 3].split("loss ")[1].split(",")[0]) for i in range(len(training))]
+    assert all(abs(p - r["last_loss"]) <= 1e-4 for p, r in zip(printed, training, strict=True))
     predict = {r["case"]: r for r in results if "variant" not in r}
     for mode in ("KV cache, static + CUDA graphs", "KV cache, dynamic", "re-running"):
         assert (

@@ -1,4 +1,4 @@
-"""Every shell command of README.md, docs/lerobot.md and docs/own_data.md runs as written from a fresh clone once
+"""Every shell command of README.md, docs/lerobot.md, docs/own_data.md and docs/libero.md runs as written from a fresh clone once
 `make install` has made the venv: its program is a Makefile target or a program of the venv (`.venv/bin/python`,
 `.venv/bin/torchrun`, `.venv/bin/hf`: never a bare `torchrun` that only an activated venv has), the script it runs
 is in this checkout (or is a file the doc writes), and every flag it passes is one the script's (or torchrun's)
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/lerobot.md", "docs/own_data.md")
+DOCS = ("README.md", "docs/lerobot.md", "docs/own_data.md", "docs/libero.md")
 BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 EXAMPLE_FILE = re.compile(r"<!-- example: ([\w.]+) -->")
 VENV = ".venv/bin/"

@@ -1,8 +1,10 @@
 """Build the toy RLDS datasets (`toy_pick_place`, `toy_push`) under a data root, if they are not there yet.
 
-    python vla_scripts/build_toy_dataset.py --data_root_dir data/rlds [--seed 0]
+    python vla_scripts/build_toy_dataset.py --data_root_dir data/rlds [--seed 0] [--libero true]
 
-Takes a few seconds on a CPU; running it again is a no-op. Train on them with `--data_mix toy`.
+Takes a few seconds on a CPU; running it again is a no-op. Train on them with `--data_mix toy`. `--libero true`
+also builds LIBERO-shaped toys named as OpenVLA's LIBERO datasets (`libero_spatial_no_noops`, ...), which the
+tiny LIBERO presets (`--vla.type tiny+libero_spatial`, `tiny-oft+libero_spatial`, ...) train on.
 """
 
 # No `from __future__ import annotations`: with it, @dataclass needs this module in sys.modules, which a test
@@ -21,6 +23,7 @@ class ToyConfig:
 
     data_root_dir: Path  # folder that will hold <name>/<version>/
     seed: int = 0  # seed of the generated data (same seed, same data), >= 0
+    libero: bool = False  # also build the LIBERO-shaped toys, libero_{spatial,object,goal,10}_no_noops
 
     def __post_init__(self) -> None:
         if self.data_root_dir.is_file():
@@ -35,9 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(ToyConfig, argv, doc=__doc__)
 
     # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
-    from prismatic.vla.datasets.rlds.toy import build_toy_datasets, toy_dataset_dir
+    from prismatic.vla.datasets.rlds.toy import build_libero_toy_datasets, build_toy_datasets, toy_dataset_dir
 
-    for name in build_toy_datasets(cfg.data_root_dir, seed=cfg.seed):
+    names = build_toy_datasets(cfg.data_root_dir, seed=cfg.seed)
+    if cfg.libero:
+        names += build_libero_toy_datasets(cfg.data_root_dir, seed=cfg.seed)
+    for name in names:
         print(f"{name}: {toy_dataset_dir(cfg.data_root_dir, name)}")
     return 0
 

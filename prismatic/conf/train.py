@@ -87,7 +87,9 @@ class TrainConfig:
     # How long a rank waits in a collective for the others, e.g. while a slow rank writes its checkpoint shards
     # (torch's default, 10 minutes for NCCL, is short for a 7B save through slow storage).
     dist_timeout_s: int = 3600  # seconds a rank waits for the others in a collective, >= 60
-    image_aug: bool = False  # image augmentation in the data pipeline
+    # Image augmentation in the data pipeline: unset, the experiment's `vla.image_aug` (the LIBERO presets: on);
+    # `--image_aug true/false` overrides it. Resolved on construction, so config.yaml records what the run did.
+    image_aug: bool | None = None  # augment training images; null: the preset's vla.image_aug
     # Statistics, filtering, proprio and chunking choices (defaults as OpenVLA; docs/data_pipeline.md)
     data: DataOptions = field(default_factory=DataOptions)
     recompute_stats: bool = False  # compute dataset statistics again, ignoring (and overwriting) their caches
@@ -106,6 +108,8 @@ class TrainConfig:
         # A model that reads proprio needs the pipeline to load it (and its statistics to be computed).
         if self.vla.use_proprio and not self.data.load_proprio:
             self.data = dataclasses.replace(self.data, load_proprio=True)
+        if self.image_aug is None:
+            self.image_aug = self.vla.image_aug
         # Checked on construction, so a bad flag fails while parsing, before torch loads.
         self.check_values()
 

@@ -5,7 +5,8 @@ An experiment fixes the base VLM, the data mixture, which backbones train, and t
 preset is data (a dict of overrides on top of a parent preset) registered once with `register_vla`, which makes
 the draccus subclass and refuses duplicate ids. OpenVLA's published experiments are registered with their
 published values, even though they need GPUs, real weights and Open-X data; the `tiny-*` presets run the same
-code on CPU in seconds.
+code on CPU in seconds. The LIBERO presets (`openvla-7b+libero_<suite>`, `openvla-oft-7b+libero_<suite>`, and
+their `tiny` counterparts) are described in docs/libero.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prismatic.util.errors import ConfigError, did_you_mean
 if typing.TYPE_CHECKING:
     from prismatic.models.lora import LoraSettings
 
-LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay")
+LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay", "step-decay")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # --vla.optimizer_impl
 SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
 
@@ -46,6 +47,9 @@ class VLAConfig(ChoiceRegistry):
     # Data
     data_mix: str = "bridge"  # mixture or dataset name (prismatic/vla/datasets/rlds/mixtures.py)
     shuffle_buffer_size: int = 256_000  # frames held by the frame-level shuffle buffer (per rank, >= 1)
+    # The recipe's image augmentation (OpenVLA's: random crop of 90% area, colour jitter). `--image_aug true/false`
+    # overrides it for one run; the run's config.yaml records the effective value as its top-level `image_aug`.
+    image_aug: bool = False  # augment training images (policies trained with it center-crop at inference)
 
     # Action representation (prismatic/models/action_heads/). "tokens": OpenVLA's 256-bin action tokens,
     # decoded one dimension per forward. "l1-chunk": OpenVLA-OFT's recipe, a chunk of `chunk_size` continuous
@@ -64,8 +68,10 @@ class VLAConfig(ChoiceRegistry):
     learning_rate: float = 2e-5  # peak learning rate of AdamW (> 0)
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (>= 0)
     max_grad_norm: float = 1.0  # gradients are clipped to this global L2 norm (> 0)
-    lr_scheduler_type: str = "constant"  # constant or linear-warmup+cosine-decay
+    lr_scheduler_type: str = "constant"  # constant, linear-warmup+cosine-decay or step-decay
     warmup_ratio: float = 0.0  # fraction of steps spent warming up, in [0, 1) (warmup schedules only)
+    # step-decay (OpenVLA-OFT's MultiStepLR): the peak LR for this many optimiser steps, then a tenth of it.
+    num_steps_before_decay: int | None = None  # >= 1; read by step-decay only
     train_strategy: str = "fsdp-full-shard"  # fsdp-full-shard, fsdp-shard-grad-op or ddp
 
     # LoRA (peft): train low-rank adapters instead of the weights, through the same loop and strategies. The
@@ -167,6 +173,17 @@ class VLAConfig(ChoiceRegistry):
                 raise ConfigError(
                     f"--vla.{name}={getattr(self, name)} is out of range: it must be an integer >= 1."
                 )
+        if self.num_steps_before_decay is not None and self.num_steps_before_decay < 1:
+            raise ConfigError(
+                f"--vla.num_steps_before_decay={self.num_steps_before_decay} is out of range: it must be an integer "
+                ">= 1 (optimiser steps at the peak learning rate before step-decay divides it by 10)."
+            )
+        if self.lr_scheduler_type == "step-decay" and self.num_steps_before_decay is None:
+            raise ConfigError(
+                "--vla.lr_scheduler_type step-decay needs --vla.num_steps_before_decay: the optimiser steps at the "
+                "peak learning rate before it drops to a tenth (OpenVLA-OFT's LIBERO recipe: 100000). Pass it, or "
+                "choose another schedule: constant or linear-warmup+cosine-decay."
+            )
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(
                 f"--vla.max_steps={self.max_steps} is out of range: it must be an integer >= 1 (or null to train "
@@ -325,24 +342,84 @@ register_vla(
 )
 register_vla("siglip-224px+mx-droid_wipe", "siglip-224px+mx-bridge", data_mix="droid_wipe")
 
+# === LIBERO fine-tuning of openvla/openvla-7b, one run per suite (docs/libero.md, "Training presets") ===
+# OpenVLA: openvla/openvla `vla-scripts/finetune.py` FinetuneConfig (LoRA r32, dropout 0, lr 5e-4 constant, image
+# augmentation, 100k-frame buffer, DDP, torch AdamW's default weight decay 0.01) and the LIBERO checkpoints' model
+# cards (8 GPUs x 16 = 128 per step, no accumulation; 50k / 50k / 60k / 80k steps). tests/conf/test_libero_presets.py
+# pins each value against its source.
+_OPENVLA_LIBERO_STEPS = {"spatial": 50_000, "object": 50_000, "goal": 60_000, "10": 80_000}
+# OpenVLA-OFT: moojink/openvla-oft LIBERO.md's command (8 GPUs x 8 = 64, L1 head on 8-action chunks, proprio, third-
+# person + wrist image, lr 5e-4 divided by 10 after 100k steps, the 150k checkpoint evaluated; LIBERO-Goal's best
+# and released checkpoint is the 50k one of the same run).
+_OFT_LIBERO_STEPS = {"spatial": 150_000, "object": 150_000, "goal": 50_000, "10": 150_000}
+_LIBERO_SUITES = tuple(_OPENVLA_LIBERO_STEPS)
+register_vla(
+    "openvla-7b+libero_spatial",
+    base_vlm="openvla/openvla-7b",
+    freeze_vision_backbone=False,
+    freeze_llm_backbone=False,
+    data_mix="libero_spatial_no_noops",
+    shuffle_buffer_size=100_000,
+    image_aug=True,
+    action_head="tokens",
+    max_steps=_OPENVLA_LIBERO_STEPS["spatial"],
+    expected_world_size=8,
+    global_batch_size=128,
+    per_device_batch_size=16,
+    learning_rate=5e-4,
+    weight_decay=0.01,
+    lr_scheduler_type="constant",
+    warmup_ratio=0.0,
+    train_strategy="ddp",
+    use_lora=True,
+    lora_rank=32,
+    lora_alpha=None,
+    lora_dropout=0.0,
+    lora_target_modules="all-linear",
+)
+register_vla(
+    "openvla-oft-7b+libero_spatial",
+    "openvla-7b+libero_spatial",
+    action_head="l1-chunk",
+    chunk_size=8,
+    use_proprio=True,
+    num_images=2,
+    max_steps=_OFT_LIBERO_STEPS["spatial"],
+    global_batch_size=64,
+    per_device_batch_size=8,
+    lr_scheduler_type="step-decay",
+    num_steps_before_decay=100_000,
+)
+for _suite in _LIBERO_SUITES[1:]:
+    for _family, _steps in (("openvla-7b", _OPENVLA_LIBERO_STEPS), ("openvla-oft-7b", _OFT_LIBERO_STEPS)):
+        register_vla(
+            f"{_family}+libero_{_suite}",
+            f"{_family}+libero_spatial",
+            data_mix=f"libero_{_suite}_no_noops",
+            max_steps=_steps[_suite],
+        )
+
 # === Tiny presets: the real code path on CPU (2 processes) on the toy RLDS mixture, in seconds ===
+_TINY_CPU_RUN: dict[str, Any] = {
+    "base_vlm": "tiny-vit+tiny-llama",
+    "per_device_batch_size": 8,
+    "learning_rate": 3e-3,
+    # bf16 on CPU is slow and adds nothing at this size; the bf16 path is tested with an override.
+    "enable_mixed_precision_training": False,
+}
 register_vla(
     "tiny+mx-toy",
     "siglip-224px+mx-bridge",
-    base_vlm="tiny-vit+tiny-llama",
+    **_TINY_CPU_RUN,
     data_mix="toy",
     shuffle_buffer_size=2_000,
     epochs=1,
     max_steps=300,
     expected_world_size=2,
     global_batch_size=16,
-    per_device_batch_size=8,
-    learning_rate=3e-3,
     weight_decay=0.01,
     lr_scheduler_type="linear-warmup+cosine-decay",
     warmup_ratio=0.1,
-    # bf16 on CPU is slow and adds nothing at this size; the bf16 path is tested with an override.
-    enable_mixed_precision_training=False,
 )
 register_vla("tiny-dinosiglip+mx-toy", "tiny+mx-toy", base_vlm="tiny-dinosiglip+tiny-llama")
 register_vla("tiny-lora+mx-toy", "tiny+mx-toy", use_lora=True, lora_rank=8, lora_alpha=16.0)
@@ -357,5 +434,30 @@ register_vla(
     freeze_llm_backbone=True,
     unfreeze_last_llm_layer=True,
 )
+
+# === Tiny LIBERO presets: the LIBERO recipes' structure (head, chunk, proprio, cameras, image augmentation, LoRA,
+# schedule) on the tiny VLM, 1 process on CPU, trained on the LIBERO-shaped toys (`build_toy_dataset.py --libero
+# true`), whose statistics key is the real suite's ===
+for _suite in _LIBERO_SUITES:
+    register_vla(
+        f"tiny+libero_{_suite}",
+        f"openvla-7b+libero_{_suite}",
+        **_TINY_CPU_RUN,
+        shuffle_buffer_size=1_000,
+        max_steps=60,
+        expected_world_size=1,
+        global_batch_size=8,
+        lora_rank=8,
+    )
+    register_vla(
+        f"tiny-oft+libero_{_suite}",
+        f"tiny+libero_{_suite}",
+        action_head="l1-chunk",
+        chunk_size=8,
+        use_proprio=True,
+        num_images=2,
+        lr_scheduler_type="step-decay",
+        num_steps_before_decay=40,  # OFT's 100k of 150k steps at the peak LR, scaled to 60 steps
+    )
 
 DEFAULT_VLA_ID = "prism-dinosiglip-224px+mx-oxe-magic-soup-plus"

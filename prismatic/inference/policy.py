@@ -26,6 +26,7 @@ actions in one forward (parallel decoding): `predict_action` returns `(chunk_siz
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +37,11 @@ import torch
 from PIL import Image
 
 from prismatic.models.action_heads import DecodeRequest, build_action_head
+from prismatic.models.checkpoint_format import run_folder_of
 from prismatic.models.decoding import PolicyInputError
 from prismatic.models.loading import load_vla
 from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.run_layout import RUN_CONFIG_FILE
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets.batch_transform import IMAGE_VIEWS, fast_image_transform
@@ -131,6 +134,9 @@ class VLAPolicy:
         # Token heads on CUDA decode over a static KV cache replayed from CUDA graphs (None: where supported);
         # False keeps the dynamic cache (`prismatic.models.static_decoding`; the ids are the same).
         self.static_cache: bool | None = None
+        # Whether training augmented images (random crops): evaluations then centre-crop (OpenVLA's protocol).
+        # None where the checkpoint does not record it (HF folders, Hub ids).
+        self.trained_with_image_aug: bool | None = None
 
     @property
     def chunk_size(self) -> int:
@@ -146,6 +152,12 @@ class VLAPolicy:
     def views(self) -> tuple[str, ...]:
         """The camera views a request carries, in order (`--vla.num_images` of primary, wrist, secondary)."""
         return IMAGE_VIEWS[: self.action_spec.num_images]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """`(H, W)` training resized images to (the vision backbone's resolution); evaluations resize to it too."""
+        _, height, width = self.vlm.vision_backbone.default_image_resolution
+        return height, width
 
     @property
     def model_id(self) -> str:
@@ -414,4 +426,23 @@ def load_policy(
     """
     device, dtype = resolve_device_dtype(device, dtype)
     loaded = load_vla(path_or_id, hf_token=hf_token, dtype=dtype)  # streamed into `dtype`: one copy in memory
-    return VLAPolicy(loaded.vlm, loaded.norm_stats, loaded.source, device, dtype, constrained=constrained)
+    policy = VLAPolicy(loaded.vlm, loaded.norm_stats, loaded.source, device, dtype, constrained=constrained)
+    policy.trained_with_image_aug = trained_with_image_aug(path_or_id)
+    return policy
+
+
+def trained_with_image_aug(path_or_id: str | Path) -> bool | None:
+    """Whether the run a local checkpoint comes from trained with image augmentation (its config.json's
+    `image_aug`, or `vla.image_aug` where the preset sets it); None when it does not say (HF folders, Hub ids)."""
+    path = Path(path_or_id).expanduser()
+    try:
+        config = json.loads((run_folder_of(path) / RUN_CONFIG_FILE).read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    vla = config.get("vla") if isinstance(config.get("vla"), dict) else {}
+    for value in (config.get("image_aug"), vla.get("image_aug")):
+        if isinstance(value, bool):
+            return value
+    return None

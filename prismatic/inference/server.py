@@ -17,7 +17,7 @@ Endpoints:
   array of numbers, robot units), and one trained with several cameras takes `"image"` as a list of the views.
 - `GET /health`: `{"status": "ok", ...}` while the batcher runs (503 otherwise), with request / batch counts.
 - `GET /metadata`: model id, source, device, dtype, unnorm keys, action dimension per key, the action head, chunk
-  size, camera views and proprio width, batching settings.
+  size, camera views, proprio width, image size, whether training augmented images, batching settings.
 
 Every request is validated in the handler, before it is queued, so a bad one is answered alone (400 for a body
 that is not a JSON object, 413 for an oversized one, 422 for a bad field; `{"error": "<what to fix>"}`) and never
@@ -385,6 +385,8 @@ def metadata(policy: VLAPolicy, max_batch_size: int, max_wait_ms: float) -> dict
         "chunk_size": policy.action_spec.chunk_size,
         "num_images": policy.action_spec.num_images,
         "proprio_dim": policy.action_spec.proprio_dim,
+        "image_size": list(policy.image_size),
+        "trained_with_image_aug": policy.trained_with_image_aug,
         "max_batch_size": max_batch_size,
         "max_wait_ms": max_wait_ms,
     }

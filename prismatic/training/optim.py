@@ -8,6 +8,7 @@ numbers stay as they were.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -52,9 +53,15 @@ def build_optimizer(
 
 
 def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, scheduler_type: str, num_training_steps: int, warmup_ratio: float
+    optimizer: torch.optim.Optimizer,
+    scheduler_type: str,
+    num_training_steps: int,
+    warmup_ratio: float,
+    num_steps_before_decay: int | None = None,
 ) -> LambdaLR:
-    """`constant` (with linear warmup when `warmup_ratio` > 0) or `linear-warmup+cosine-decay` to 0.
+    """`constant` (with linear warmup when `warmup_ratio` > 0), `linear-warmup+cosine-decay` to 0, or
+    `step-decay`: `constant` for `num_steps_before_decay` optimiser steps, then a tenth of the peak (OpenVLA-OFT's
+    `MultiStepLR(milestones=[num_steps_before_decay], gamma=0.1)`).
 
     Stepped once per optimiser step; its state (`last_epoch`) is checkpointed, so a resumed run continues the
     curve exactly.
@@ -64,6 +71,18 @@ def build_lr_scheduler(
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=num_warmup)
     if scheduler_type == "linear-warmup+cosine-decay":
         return get_cosine_schedule_with_warmup(optimizer, num_warmup, num_training_steps)
+    if scheduler_type == "step-decay":
+        if num_steps_before_decay is None or num_steps_before_decay < 1:
+            raise ConfigError("lr_scheduler_type 'step-decay' needs --vla.num_steps_before_decay (>= 1).")
+        return LambdaLR(optimizer, functools.partial(step_decay_factor, num_warmup, num_steps_before_decay))
     raise ConfigError(
-        f"Unknown lr_scheduler_type '{scheduler_type}'. Valid choices: constant, linear-warmup+cosine-decay."
+        f"Unknown lr_scheduler_type '{scheduler_type}'. Valid choices: constant, linear-warmup+cosine-decay, "
+        "step-decay."
     )
+
+
+def step_decay_factor(num_warmup: int, num_steps_before_decay: int, step: int) -> float:
+    """The LR multiplier of `step-decay` after `step` optimiser steps: linear warmup, 1, then 0.1 from
+    `num_steps_before_decay` on (the (N+1)-th optimiser step is the first at a tenth, as with MultiStepLR)."""
+    warmup = step / max(1, num_warmup) if step < num_warmup else 1.0
+    return warmup * (0.1 if step >= num_steps_before_decay else 1.0)

@@ -152,6 +152,8 @@ def test_metadata_and_health(server: str, policy_run: Path) -> None:
         "chunk_size": 1,
         "num_images": 1,
         "proprio_dim": 0,
+        "image_size": [64, 64],  # tiny-vit-64px
+        "trained_with_image_aug": None,  # the fixture's config.json does not say
         "max_batch_size": 16,
         "max_wait_ms": 5.0,
     }

@@ -70,3 +70,23 @@ def test_scheduler_state_round_trips():
     opt.step()
     sched.step()
     assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_step_decay_equals_multistep_lr():
+    """OpenVLA-OFT's schedule: the peak for `num_steps_before_decay` optimiser steps, then a tenth (its
+    `MultiStepLR(milestones=[N], gamma=0.1)`, which torch computes independently here)."""
+    opt = build_optimizer(_model(), learning_rate=5e-4, weight_decay=0.0)
+    sched = build_lr_scheduler(opt, "step-decay", 10, 0.0, num_steps_before_decay=4)
+    reference_opt = torch.optim.AdamW(_model().parameters(), lr=5e-4)
+    reference = torch.optim.lr_scheduler.MultiStepLR(reference_opt, milestones=[4], gamma=0.1)
+    ours, theirs = [], []
+    for _ in range(10):
+        ours.append(sched.get_last_lr()[0])
+        theirs.append(reference.get_last_lr()[0])
+        for o, s in ((opt, sched), (reference_opt, reference)):
+            o.step()
+            s.step()
+    assert ours == pytest.approx(theirs, rel=1e-12)
+    assert ours[3] == 5e-4 and ours[4] == pytest.approx(5e-5)
+    with pytest.raises(ConfigError, match="num_steps_before_decay"):
+        build_lr_scheduler(opt, "step-decay", 10, 0.0)

@@ -232,10 +232,11 @@ def _austin_joint(name: str) -> Case:
 
 @_case(*(f"libero_{suite}_no_noops" for suite in ("spatial", "object", "goal", "10")))
 def _libero(name: str) -> Case:
-    # Gripper as austin's; EEF_state = state[:, :6], gripper_state = state[:, -2:] (2-D), with one pad between.
+    # Gripper as austin's; EEF_state = state[:, :6], gripper_state = state[:, -2:] (2-D), concatenated without
+    # OpenVLA's one-zero pad: OpenVLA-OFT's 8-d layout, the state its LIBERO evaluation sends.
     raw_action, action = _inverted_clipped_gripper_action()
     state = _grid(5, 8, offset=0.5)
-    proprio = np.concatenate([state[:, :6], _zeros(5), state[:, 6:8]], axis=1)
+    proprio = np.concatenate([state[:, :6], state[:, 6:8]], axis=1)
     return _flat(raw_action, {"state": state}), action, proprio, [INSTRUCTION] * 5
 
 
@@ -522,7 +523,9 @@ _NO_STATE = (None,) * 8
 _EEF_GRIP = ("eef_state", None, "gripper_state")
 _EEF_GRIP_UPPER = ("EEF_state", None, "gripper_state")
 _TDROID = (("static_image", None, None), ("static_depth_image", None, None), _EEF_GRIP_UPPER)
-_LIBERO = (("image", None, "wrist_image"), _NO_DEPTH, _EEF_GRIP_UPPER)
+# LIBERO: OpenVLA-OFT's state keys (openvla-oft prismatic/vla/datasets/rlds/oxe/configs.py); OpenVLA's own
+# config pads a None between them, but OpenVLA never reads proprio and OFT's evaluation sends 8 numbers.
+_LIBERO = (("image", None, "wrist_image"), _NO_DEPTH, ("EEF_state", "gripper_state"))
 _GNM = ((None, None, "image"), _NO_DEPTH, ("state", None, None))
 
 OPENVLA_KEYS: dict[str, tuple[tuple, tuple, tuple]] = {

@@ -97,7 +97,11 @@ class TrainingStrategy(ABC):
             implementation=adamw_implementation(self.vla.optimizer_impl, self.dist.device),
         )
         self.lr_scheduler = build_lr_scheduler(
-            self.optimizer, self.vla.lr_scheduler_type, num_training_steps, self.vla.warmup_ratio
+            self.optimizer,
+            self.vla.lr_scheduler_type,
+            num_training_steps,
+            self.vla.warmup_ratio,
+            self.vla.num_steps_before_decay,
         )
 
     # --- hooks the loop calls -------------------------------------------------------------------------------

@@ -554,7 +554,9 @@ _OXE_TABLE: tuple[tuple, ...] = (
         (
             f"libero_{suite}_no_noops",
             ("image", None, "wrist_image"),
-            ("EEF_state", None, "gripper_state"),  # gripper_state is 2-D: proprio is 9-dim, as OpenVLA
+            # OpenVLA-OFT's layout: EEF_state (6) + gripper_state (2) = the 8-d state its LIBERO evaluation
+            # builds. OpenVLA's own config pads one zero between them (9-d), but OpenVLA never reads proprio.
+            ("EEF_state", "gripper_state"),
             _E,
             "libero",
         )

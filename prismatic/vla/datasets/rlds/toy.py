@@ -17,6 +17,14 @@ timestep, in the left half while the gripper is open, the right half while close
 function of (task, timestep) plus small noise. Everything is drawn from `seed`, so the same seed gives
 byte-identical files. Build with `build_toy_datasets(root)` or
 `python vla_scripts/build_toy_dataset.py --data_root_dir DIR`.
+
+LIBERO-shaped toys (`build_libero_toy_datasets`, or the script's `--libero` flag): one dataset per LIBERO suite,
+named as OpenVLA's real one (`libero_spatial_no_noops`, ...) so a run's statistics key is the one a LIBERO
+evaluation looks up, in the layout of OpenVLA's `modified_libero_rlds`: steps/observation/{image, wrist_image
+(jpeg 256x256x3), state float32[8] (eef position, axis-angle, 2 gripper finger positions), joint_state
+float32[7]}, steps/action float32[7] (gripper last, -1 = open, +1 = close), steps/language_instruction, and a
+`train` split only (the pipeline holds out train[95%:], as for the real data). The instructions are those of each
+suite's tasks 0-3; the pictures follow the same learnable scheme as above.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from prismatic.vla.datasets.rlds.configs import LIBERO_SUITES
 from prismatic.vla.datasets.rlds.discovery import import_tfds
-from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags
+from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags, write_rlds_dataset
 
 TOY_VERSION = "1.0.0"
 IMAGE_SIZE = 64
@@ -286,3 +295,155 @@ def build_toy_datasets(data_root_dir: Path, seed: int = 0) -> list[str]:
         finally:
             shutil.rmtree(download_dir, ignore_errors=True)
     return list(TOY_DATASET_NAMES)
+
+
+# === LIBERO-shaped toys: OpenVLA's LIBERO RLDS layout and names, tiny contents ===
+
+LIBERO_TOY_IMAGE_SIZE = 256  # LIBERO's render size; the pipeline resizes to the model's input
+LIBERO_TOY_NUM_STEPS = 24  # longer than OpenVLA-OFT's 8-action chunk
+LIBERO_TOY_NUM_EPISODES = 20  # train only: train[95%:], what evaluation holds out, is one episode
+LIBERO_TOY_NUM_SHARDS = 2
+# Tasks 0-3 of each suite in LIBERO's order, as its benchmark names them (the instruction an evaluation sends).
+LIBERO_TOY_INSTRUCTIONS: dict[str, tuple[str, ...]] = {
+    "spatial": (
+        "pick up the black bowl between the plate and the ramekin and place it on the plate",
+        "pick up the black bowl next to the ramekin and place it on the plate",
+        "pick up the black bowl from table center and place it on the plate",
+        "pick up the black bowl on the cookie box and place it on the plate",
+    ),
+    "object": (
+        "pick up the alphabet soup and place it in the basket",
+        "pick up the cream cheese and place it in the basket",
+        "pick up the salad dressing and place it in the basket",
+        "pick up the bbq sauce and place it in the basket",
+    ),
+    "goal": (
+        "open the middle drawer of the cabinet",
+        "put the bowl on the stove",
+        "put the wine bottle on top of the cabinet",
+        "open the top drawer and put the bowl inside",
+    ),
+    "10": (
+        "put both the alphabet soup and the tomato sauce in the basket",
+        "put both the cream cheese box and the butter in the basket",
+        "turn on the stove and put the moka pot on it",
+        "put the black bowl in the bottom drawer of the cabinet and close it",
+    ),
+}
+_LIBERO_TOY_COLORS = ((190, 60, 50), (50, 80, 190), (60, 160, 70), (200, 180, 60))
+_GRIPPER_OPEN_QPOS, _GRIPPER_CLOSED_QPOS = 0.039, 0.012  # finger positions (m); the fingers mirror each other
+
+
+def libero_toy_dataset_name(suite: str) -> str:
+    """The dataset (and statistics key) of LIBERO suite `suite` ("spatial", "object", "goal", "10")."""
+    if suite not in LIBERO_SUITES:
+        raise KeyError(f"Unknown LIBERO suite '{suite}'; valid: {', '.join(LIBERO_SUITES)}.")
+    return f"libero_{suite}_no_noops"
+
+
+def _upscale(image: np.ndarray) -> np.ndarray:
+    """A 64x64 toy picture at LIBERO's 256x256 (nearest neighbour)."""
+    factor = LIBERO_TOY_IMAGE_SIZE // IMAGE_SIZE
+    return image.repeat(factor, axis=0).repeat(factor, axis=1)
+
+
+def generate_libero_toy_episode(suite: str, index: int, seed: int = 0) -> dict[str, Any]:
+    """One raw episode of the LIBERO-shaped toy of `suite`, in the layout its dataset holds (steps as a list).
+
+    Task = index % 4; deterministic in (suite, index, seed). Actions are smooth per-task curves in LIBERO's
+    scaled delta range, and the state integrates them, as a LIBERO episode's eef pose follows its actions.
+    """
+    name = libero_toy_dataset_name(suite)
+    instructions = LIBERO_TOY_INSTRUCTIONS[suite]
+    task_index = index % len(instructions)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode()), index])
+    num_steps = LIBERO_TOY_NUM_STEPS
+    amplitude, phase = _task_params(name, task_index)
+
+    t = np.arange(num_steps)
+    angle = np.pi * t[:, None] / (num_steps - 1) + phase[None, :]
+    # x10: LIBERO's actions are scaled controller deltas, a few tenths each (the other toys' are metres).
+    arm = 10.0 * np.concatenate(
+        [amplitude[:3] * np.sin(angle[:, :3]), amplitude[3:] * np.cos(angle[:, 3:])], 1
+    )
+    arm = (arm + rng.normal(0.0, 10 * ACTION_NOISE_STD, size=arm.shape)).astype(np.float32)
+    close_from, close_until = 4 + task_index, 4 + task_index + num_steps // 2
+    closing = (t >= close_from) & (t < close_until)
+    gripper_action = np.where(closing, 1.0, -1.0).astype(np.float32)  # LIBERO: -1 = open, +1 = close
+    # State before each action: eef position (m) and axis-angle (near LIBERO's gripper-down pose) integrating the
+    # scaled deltas; the fingers follow the previous gripper command.
+    start = np.concatenate([rng.uniform(-0.1, 0.1, size=3), [np.pi, 0.0, 0.0]]).astype(np.float32)
+    pose = start + 0.01 * np.concatenate([np.zeros((1, 6)), np.cumsum(arm, 0)[:-1]], 0)
+    was_closing = np.concatenate([[False], closing[:-1]])
+    finger = np.where(was_closing, _GRIPPER_CLOSED_QPOS, _GRIPPER_OPEN_QPOS)
+    state = np.concatenate([pose, finger[:, None], -finger[:, None]], 1).astype(np.float32)
+    joints = (rng.uniform(-0.5, 0.5, size=7) + 0.05 * np.sin(angle[:, :1] + np.arange(7))).astype(np.float32)
+    color = np.clip(np.asarray(_LIBERO_TOY_COLORS[task_index]) + rng.integers(-10, 11, size=3), 0, 255)
+    color = color.astype(np.uint8)
+    steps = [
+        {
+            "observation": {
+                "image": _upscale(_render(color, i, num_steps, row=8 + 12 * task_index)),
+                "wrist_image": _upscale(_render_wrist(color, i, num_steps, not was_closing[i])),
+                "state": state[i],
+                "joint_state": joints[i],
+            },
+            "action": np.concatenate([arm[i], gripper_action[i : i + 1]]).astype(np.float32),
+            "language_instruction": instructions[task_index],
+            **rlds_step_flags(i, num_steps),
+        }
+        for i in range(num_steps)
+    ]
+    return {"steps": steps, "episode_metadata": {"file_path": f"toy://{name}/train/{index:04d}"}}
+
+
+def libero_toy_features(tfds: Any) -> Any:
+    """The tfds feature spec of OpenVLA's LIBERO RLDS datasets (`modified_libero_rlds`)."""
+    f = tfds.features
+    size = LIBERO_TOY_IMAGE_SIZE
+
+    def image() -> Any:
+        return f.Image(shape=(size, size, 3), dtype=np.uint8, encoding_format="jpeg")
+
+    step = {
+        "observation": f.FeaturesDict(
+            {
+                "image": image(),
+                "wrist_image": image(),
+                "state": f.Tensor(shape=(8,), dtype=np.float32),
+                "joint_state": f.Tensor(shape=(7,), dtype=np.float32),
+            }
+        ),
+        "action": f.Tensor(shape=(7,), dtype=np.float32),
+        "language_instruction": f.Text(),
+        **rlds_step_features(f),
+    }
+    return f.FeaturesDict(
+        {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
+    )
+
+
+def build_libero_toy_datasets(
+    data_root_dir: Path, suites: tuple[str, ...] = LIBERO_SUITES, seed: int = 0
+) -> list[str]:
+    """Build the LIBERO-shaped toy of each suite missing under `data_root_dir` (idempotent); return their names.
+
+    Each lands at `<data_root_dir>/libero_<suite>_no_noops/1.0.0/`, where `--data_mix libero_<suite>_no_noops`
+    (the LIBERO presets' mixture) reads it. Raises KeyError for a suite outside LIBERO_SUITES.
+    """
+    names = [libero_toy_dataset_name(suite) for suite in suites]
+    for suite, name in zip(suites, names, strict=True):
+
+        def episodes(suite: str = suite) -> Any:
+            return (generate_libero_toy_episode(suite, i, seed) for i in range(LIBERO_TOY_NUM_EPISODES))
+
+        write_rlds_dataset(
+            Path(data_root_dir),
+            name,
+            libero_toy_features,
+            {"train": episodes},
+            version=TOY_VERSION,
+            num_shards=LIBERO_TOY_NUM_SHARDS,
+            description=f"LIBERO-shaped toy dataset {name} (prismatic/vla/datasets/rlds/toy.py).",
+        )
+    return names

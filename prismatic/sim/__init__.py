@@ -1,0 +1,1 @@
+"""Closed-loop evaluation in simulation: the simulators a trained policy is rolled out in (`libero/`)."""

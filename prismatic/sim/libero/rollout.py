@@ -1,0 +1,170 @@
+"""Closed-loop LIBERO episodes, many at once: N simulators step together and their observations are batched into
+one policy call.
+
+One episode follows OpenVLA's `run_libero_eval.py` (OFT's for chunk heads):
+
+    reset, set the task's fixed initial state number `episode_idx`
+    t = 0; while t < max_steps + NUM_STEPS_WAIT:
+        t < NUM_STEPS_WAIT: step the dummy action (objects settle), t += 1
+        else: when the action queue is empty, ask the policy (image, [wrist], [proprio]) and queue its chunk
+              (open-loop: the whole chunk runs before the next query); step the next action with the gripper
+              converted; success ends the episode, else t += 1
+    a simulator error ends the episode as a failure (OpenVLA catches it the same way)
+
+Episodes are independent (each is seeded on its own, `env.py`) and handed to free simulators in order, so
+which simulator runs which episode, and how many run at once, changes no result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prismatic.sim.libero.actions import ActionSource, PolicyQuery
+from prismatic.sim.libero.env import LiberoObservation
+from prismatic.sim.libero.pool import EnvPool, EpisodeSpec
+from prismatic.sim.libero.protocol import gripper_to_env, policy_image
+from prismatic.sim.libero.suites import DUMMY_ACTION, LIBERO_SUITES, NUM_STEPS_WAIT
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How observations become queries and chunks become steps (from the policy and the run it came from)."""
+
+    unnorm_key: str  # statistics the actions are un-normalised with
+    image_size: tuple[int, int]  # (H, W) of the model's images
+    center_crop: bool  # the run trained with image augmentation
+    num_images: int = 1  # 1: the agent view; 2: also the wrist camera
+    use_proprio: bool = False  # send OFT's 8-d state (eef position, axis-angle, gripper qpos)
+    open_loop_steps: int = 1  # actions of each chunk executed before the next query (the chunk size)
+    max_steps: int | None = None  # policy steps per episode; None: the suite's (OpenVLA's table)
+    keep_frames: bool = False  # keep each step's agent-view frame (for videos)
+
+
+@dataclass
+class EpisodeResult:
+    """One finished episode."""
+
+    spec: EpisodeSpec
+    success: bool
+    steps: int  # simulator steps taken, the settling steps included
+    error: str | None = None  # the simulator error that ended it, if any
+    seconds: float = 0.0
+    actions_digest: str = ""  # SHA-1 of every action stepped (float64 bytes): equal digests, equal episodes
+    final_eef_pos: tuple[float, ...] = ()  # where the end effector was last observed (metres, world frame)
+    frames: list[np.ndarray] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class _Running:
+    spec: EpisodeSpec
+    observation: LiberoObservation
+    started: float
+    t: int = 0
+    queue: deque[np.ndarray] = field(default_factory=deque)
+    frames: list[np.ndarray] = field(default_factory=list)
+    digest: Any = field(default_factory=hashlib.sha1)
+
+
+def _query(observation: LiberoObservation, instruction: str, settings: RolloutSettings) -> PolicyQuery:
+    views = [observation.full_image, observation.wrist_image][: settings.num_images]
+    prepared = tuple(policy_image(v, settings.image_size, settings.center_crop) for v in views)
+    proprio = np.asarray(observation.proprio, np.float32) if settings.use_proprio else None
+    return PolicyQuery(prepared, instruction, proprio)
+
+
+def run_episodes(
+    pool: EnvPool,
+    episodes: Sequence[EpisodeSpec],
+    source: ActionSource,
+    settings: RolloutSettings,
+    on_result: Callable[[EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """Run `episodes` on `pool`'s simulators with actions from `source`; results in the order of `episodes`.
+
+    `on_result` is called as each episode ends (progress bars, logs).
+    """
+    pending = deque(enumerate(episodes))
+    running: dict[int, tuple[int, _Running]] = {}  # simulator slot -> (episode index, state)
+    results: dict[int, EpisodeResult] = {}
+    instructions: dict[tuple[str, int], str] = {}
+
+    def finish(slot: int, success: bool, error: str | None = None) -> None:
+        index, state = running.pop(slot)
+        result = EpisodeResult(
+            state.spec,
+            success,
+            state.t,
+            error,
+            time.perf_counter() - state.started,
+            state.digest.hexdigest(),
+            tuple(float(x) for x in state.observation.eef_pos),
+            state.frames,
+        )
+        results[index] = result
+        if on_result is not None:
+            on_result(result)
+
+    while pending or running:
+        free = [slot for slot in range(pool.num_envs) if slot not in running][: len(pending)]
+        if free:
+            starts = {slot: pending.popleft() for slot in free}
+            observations = pool.reset({slot: spec for slot, (_, spec) in starts.items()})
+            for slot, (index, spec) in starts.items():
+                running[slot] = (index, _Running(spec, observations[slot], time.perf_counter()))
+                key = (spec.suite, spec.task_id)
+                if key not in instructions:
+                    instructions[key] = pool.language(spec.suite, spec.task_id)
+        _refill_queues(running, source, settings, instructions)
+        actions = {slot: _next_action(state, settings) for slot, (_, state) in running.items()}
+        for slot, action in actions.items():
+            running[slot][1].digest.update(np.ascontiguousarray(action, dtype=np.float64).tobytes())
+        for slot, outcome in pool.step(actions).items():
+            _, state = running[slot]
+            state.t += 1
+            if outcome.error is not None:
+                logger.warning("Episode %s ended by a simulator error: %s", state.spec, outcome.error)
+                finish(slot, False, outcome.error)
+                continue
+            state.observation = outcome.observation
+            if outcome.success:
+                finish(slot, True)
+            elif state.t >= _max_steps(state.spec, settings) + NUM_STEPS_WAIT:
+                finish(slot, False)
+    return [results[i] for i in range(len(episodes))]
+
+
+def _max_steps(spec: EpisodeSpec, settings: RolloutSettings) -> int:
+    return settings.max_steps if settings.max_steps is not None else LIBERO_SUITES[spec.suite]
+
+
+def _refill_queues(
+    running: dict[int, tuple[int, _Running]],
+    source: ActionSource,
+    settings: RolloutSettings,
+    instructions: dict[tuple[str, int], str],
+) -> None:
+    """One policy call for every episode past its settling steps whose chunk is used up."""
+    asking = [s for _, s in running.values() if s.t >= NUM_STEPS_WAIT and not s.queue]
+    if not asking:
+        return
+    queries = [_query(s.observation, instructions[(s.spec.suite, s.spec.task_id)], settings) for s in asking]
+    for state, chunk in zip(asking, source.act(queries, settings.unnorm_key), strict=True):
+        state.queue.extend(gripper_to_env(chunk[: settings.open_loop_steps]))
+
+
+def _next_action(state: _Running, settings: RolloutSettings) -> np.ndarray:
+    if settings.keep_frames and state.t >= NUM_STEPS_WAIT:
+        state.frames.append(state.observation.full_image)
+    if state.t < NUM_STEPS_WAIT:
+        return np.asarray(DUMMY_ACTION, dtype=np.float64)
+    return state.queue.popleft()
