@@ -10,6 +10,9 @@ nothing else, so the config layer and `--help` can use it before torch.
       action_model.json                   ACTION_MODEL_FILE
       metrics.jsonl                       METRICS_FILE
       wandb_run_id.txt                    WANDB_ID_FILE
+      eval_libero/<suite>/                LIBERO_EVAL_DIR (vla_scripts/eval_libero.py)
+        results.json, metrics.jsonl       LIBERO_RESULTS_FILE, METRICS_FILE
+        videos/*.mp4                      LIBERO_VIDEOS_DIR
       checkpoints/                        CHECKPOINTS_DIR
         latest                            LATEST_POINTER
         step-000040-epoch-01/             CHECKPOINT_DIR (checkpoint_dir_name)
@@ -30,6 +33,9 @@ DATASET_STATISTICS_FILE = (
 ACTION_MODEL_FILE = "action_model.json"  # the model's `ActionSpec` (absent: OpenVLA's tokens head)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per optimiser step
 WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resume continues
+LIBERO_EVAL_DIR = "eval_libero"  # a LIBERO evaluation's folder in a run: <run>/eval_libero/<suite>/
+LIBERO_RESULTS_FILE = "results.json"  # its report: per-task and overall success, protocol, episodes
+LIBERO_VIDEOS_DIR = "videos"  # its mp4s (--save_videos)
 HF_CONFIG_FILE = "config.json"  # an HF model folder's config (export_hf.py, OpenVLA's published checkpoints)
 
 CHECKPOINTS_DIR = "checkpoints"

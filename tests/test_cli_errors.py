@@ -460,6 +460,31 @@ CASES = [
         ("--checkpoint", "{tmp}", "--max_wait_ms", "-5"),
         ("--max_wait_ms must be >= 0",),
     ),
+    # --- eval_libero.py (caught before the simulator or the policy loads) ---------------------------------------
+    Case(
+        "eval-libero-suite",
+        "eval_libero",
+        ("--checkpoint", "{tmp}", "--task_suite", "libero_spatail"),
+        ("Unknown LIBERO task suite 'libero_spatail'", "Did you mean 'libero_spatial'?", "libero_90"),
+    ),
+    Case(
+        "eval-libero-task",
+        "eval_libero",
+        ("--checkpoint", "{tmp}", "--tasks", "0,12"),
+        ("--tasks: '12' is not a task id of this suite", "valid ids are 0..9"),
+    ),
+    Case(
+        "eval-libero-source",
+        "eval_libero",
+        ("--task_suite", "libero_goal"),
+        ("Give exactly one of --checkpoint (load the policy here) and --policy_url",),
+    ),
+    Case(
+        "eval-libero-envs",
+        "eval_libero",
+        ("--checkpoint", "{tmp}", "--num_envs", "0"),
+        ("--num_envs must be >= 1, got 0",),
+    ),
 ]
 SCRIPT_NAMES = sorted(p.stem for p in SCRIPTS.glob("*.py"))
 

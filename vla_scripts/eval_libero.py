@@ -30,8 +30,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from prismatic.run_layout import LIBERO_EVAL_DIR, LIBERO_RESULTS_FILE, LIBERO_VIDEOS_DIR
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import write_json_atomic
 from prismatic.util.logging import setup_logging
 
 logger = logging.getLogger("vla_scripts.eval_libero")
@@ -108,8 +112,8 @@ def default_out_dir(cfg: EvalLiberoConfig) -> Path:
     if cfg.checkpoint is not None and Path(cfg.checkpoint).expanduser().exists():
         from prismatic.models.checkpoint_format import run_folder_of  # lazy: torch
 
-        return run_folder_of(Path(cfg.checkpoint).expanduser()) / "eval_libero" / cfg.task_suite
-    return Path("eval_libero") / cfg.task_suite
+        return run_folder_of(Path(cfg.checkpoint).expanduser()) / LIBERO_EVAL_DIR / cfg.task_suite
+    return Path(LIBERO_EVAL_DIR) / cfg.task_suite
 
 
 def open_source(cfg: EvalLiberoConfig) -> Any:
@@ -183,10 +187,8 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
     backend = check_render_backend()
     prepare_libero(cfg.libero_assets_dir)
 
-    import tqdm
-
     from prismatic.sim.libero.pool import EnvPool, EpisodeSpec
-    from prismatic.sim.libero.report import format_table, summarize
+    from prismatic.sim.libero.report import format_table, protocol_record, summarize
     from prismatic.sim.libero.rollout import run_episodes
     from prismatic.training.trackers import TrackerRun, build_trackers
     from prismatic.training.train import seed_everything
@@ -217,30 +219,13 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
             backend,
             settings.unnorm_key,
         )
-        bar = tqdm.tqdm(
-            total=len(episodes), desc=f"LIBERO {cfg.task_suite}", unit="episode", dynamic_ncols=True
-        )
-        done = {"n": 0, "wins": 0}
-
-        def on_result(result: Any) -> None:
-            done["n"] += 1
-            done["wins"] += int(result.success)
-            bar.update(1)
-            bar.set_postfix(success=f"{100 * done['wins'] / done['n']:.1f}%")
-            record = {"task_id": result.spec.task_id, "episode": result.spec.episode_idx}
-            record |= {"success": float(result.success), "steps": result.steps}
-            record["success_rate_so_far"] = done["wins"] / done["n"]
-            for tracker in trackers:
-                tracker.log(done["n"], record)
-            if cfg.save_videos:
-                _write_video(out_dir, result)
-
+        progress = _Progress(len(episodes), cfg.task_suite, trackers, out_dir if cfg.save_videos else None)
         started = time.perf_counter()
         with EnvPool(cfg.num_envs) as pool:
-            results = run_episodes(pool, episodes, source, settings, on_result)
+            results = run_episodes(pool, episodes, source, settings, progress)
         seconds = time.perf_counter() - started
-        bar.close()
         summary = summarize(results, instructions)
+        progress.close(summary["overall"]["success_rate"])
         report = {
             "task_suite": cfg.task_suite,
             "checkpoint": cfg.checkpoint,
@@ -248,31 +233,17 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
             "num_trials_per_task": cfg.num_trials_per_task,
             "num_envs": cfg.num_envs,
             "seed": cfg.seed,
-            "protocol": {
-                "unnorm_key": settings.unnorm_key,
-                "center_crop": settings.center_crop,
-                "image_size": list(settings.image_size),
-                "num_images": settings.num_images,
-                "proprio": settings.use_proprio,
-                "open_loop_steps": settings.open_loop_steps,
-                "max_steps": settings.max_steps or suites.LIBERO_SUITES[cfg.task_suite],
-                "num_steps_wait": suites.NUM_STEPS_WAIT,
-            },
+            "protocol": protocol_record(settings, cfg.task_suite),
             "seconds": round(seconds, 2),
             "episodes_per_minute": round(60 * len(results) / seconds, 2) if seconds > 0 else None,
             **summary,
         }
-        for tracker in trackers:
-            tracker.log(done["n"] + 1, {"success_rate": summary["overall"]["success_rate"]})
-            tracker.finish()
-        from prismatic.util.files import write_json_atomic
-
-        write_json_atomic(out_dir / "results.json", report, "LIBERO results")
+        write_json_atomic(out_dir / LIBERO_RESULTS_FILE, report, "LIBERO results")
         print(f"\nLIBERO {cfg.task_suite}: {cfg.checkpoint or cfg.policy_url}\n", flush=True)
         print(format_table(summary), flush=True)
         print(
             f"\n{len(results)} episodes in {seconds:.0f} s ({report['episodes_per_minute']} per minute); "
-            f"wrote {out_dir / 'results.json'}",
+            f"wrote {out_dir / LIBERO_RESULTS_FILE}",
             flush=True,
         )
         return report
@@ -280,15 +251,47 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
         source.close()
 
 
-def _write_video(out_dir: Path, result: Any) -> None:
-    import imageio  # lazy: only with --save_videos
+class _Progress:
+    """What happens as each episode ends: the progress bar with the running success rate, one tracker record
+    (step = episodes done), the episode's video when asked for."""
 
-    videos = out_dir / "videos"
-    videos.mkdir(exist_ok=True)
+    def __init__(self, total: int, suite: str, trackers: list[Any], videos_in: Path | None) -> None:
+        import tqdm  # lazy: spared to --help
+
+        self.bar = tqdm.tqdm(total=total, desc=f"LIBERO {suite}", unit="episode", dynamic_ncols=True)
+        self.trackers, self.videos_in = trackers, videos_in
+        self.done = self.successes = 0
+
+    def __call__(self, result: Any) -> None:
+        self.done += 1
+        self.successes += int(result.success)
+        rate = self.successes / self.done
+        self.bar.update(1)
+        self.bar.set_postfix(success=f"{100 * rate:.1f}%")
+        record = {"task_id": result.spec.task_id, "episode": result.spec.episode_idx}
+        record |= {"success": float(result.success), "steps": result.steps, "success_rate_so_far": rate}
+        for tracker in self.trackers:
+            tracker.log(self.done, record)
+        if self.videos_in is not None:
+            _write_video(self.videos_in / LIBERO_VIDEOS_DIR, result)
+
+    def close(self, success_rate: float) -> None:
+        """The overall rate as one last record (step = episodes + 1); trackers finish."""
+        self.bar.close()
+        for tracker in self.trackers:
+            tracker.log(self.done + 1, {"success_rate": success_rate})
+            tracker.finish()
+
+
+def _write_video(videos: Path, result: Any) -> None:
+    """The episode's agent-view frames as an H.264 mp4 at 30 fps, as OpenVLA's `save_rollout_video` writes them
+    (through PyAV, a dependency already: imageio's legacy writer would need imageio-ffmpeg)."""
+    import imageio.v3 as iio  # lazy: only with --save_videos
+
+    videos.mkdir(parents=True, exist_ok=True)
     name = f"task{result.spec.task_id:02d}-episode{result.spec.episode_idx:02d}-success={result.success}.mp4"
-    with imageio.get_writer(videos / name, fps=30) as writer:
-        for frame in result.frames:
-            writer.append_data(frame)
+    if result.frames:
+        iio.imwrite(videos / name, np.stack(result.frames), plugin="pyav", codec="libx264", fps=30)
     result.frames.clear()
 
 

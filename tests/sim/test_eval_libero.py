@@ -1,5 +1,5 @@
 """`vla_scripts/eval_libero.py` end to end on CPU: tiny LIBERO presets trained on the LIBERO-shaped toy data, then
-evaluated in the simulator (1 task, 2 episodes, 20 policy steps): the same episodes for 1 and 2 simulators, the
+evaluated in the simulator (1 task, 2 episodes, 12 policy steps): the same episodes for 1 and 2 simulators, the
 same actions through `serve.py` as in process, OpenVLA-OFT's inputs for a chunk head, and bad input refused in
 one paragraph with exit code 2."""
 
@@ -22,7 +22,7 @@ from train_runs import free_port, run_train
 from prismatic.vla.datasets.rlds.toy import build_libero_toy_datasets
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = ["--task_suite", "libero_spatial", "--tasks", "0", "--num_trials_per_task", "2", "--max_steps", "20"]
+SMOKE = ["--task_suite", "libero_spatial", "--tasks", "0", "--num_trials_per_task", "2", "--max_steps", "12"]
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +72,19 @@ def assert_same_episodes(got: dict, expected: dict, exact_actions: bool) -> None
         assert np.allclose(a["final_eef_pos"], b["final_eef_pos"], rtol=0, atol=1e-4)
 
 
-def test_chunk_head_rollout_is_the_same_for_1_and_2_simulators(libero_runs: dict[str, Path], tmp_path: Path):
+def test_chunk_head_rollout_is_the_same_for_1_and_2_simulators(
+    libero_runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B never needs a login in tests
     run = str(libero_runs["oft"])
-    one = evaluate(["--checkpoint", run, *SMOKE, "--num_envs", "1"], tmp_path / "one")
-    two = evaluate(["--checkpoint", run, *SMOKE, "--num_envs", "2"], tmp_path / "two")
+    one = evaluate(
+        ["--checkpoint", run, *SMOKE, "--num_envs", "1", "--trackers", "jsonl", "wandb"], tmp_path / "one"
+    )
+    two = evaluate(["--checkpoint", run, *SMOKE, "--num_envs", "2", "--save_videos"], tmp_path / "two")
     assert_same_episodes(two, one, exact_actions=False)
     assert [e["episode"] for e in one["episodes"]] == [0, 1]
-    # 10 settling steps + 20 policy steps, unless the (untrained) policy succeeded first.
-    assert all(e["steps"] == 30 or e["success"] for e in one["episodes"])
+    # 10 settling steps + 12 policy steps, unless the (untrained) policy succeeded first.
+    assert all(e["steps"] == 22 or e["success"] for e in one["episodes"])
     # Two different initial states give two different episodes.
     assert one["episodes"][0]["actions_digest"] != one["episodes"][1]["actions_digest"]
     assert one["protocol"] == {
@@ -89,7 +94,7 @@ def test_chunk_head_rollout_is_the_same_for_1_and_2_simulators(libero_runs: dict
         "num_images": 2,  # agent view + wrist
         "proprio": True,
         "open_loop_steps": 8,  # the whole chunk, as OpenVLA-OFT
-        "max_steps": 20,
+        "max_steps": 12,
         "num_steps_wait": 10,
     }
     assert one["overall"]["episodes"] == 2 and one["tasks"][0]["task_id"] == 0
@@ -97,6 +102,13 @@ def test_chunk_head_rollout_is_the_same_for_1_and_2_simulators(libero_runs: dict
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [1, 2, 3]  # one per episode, then the total
     assert records[-1]["success_rate"] == one["overall"]["success_rate"]
+    # W&B (offline in tests) wrote its run into the evaluation folder.
+    (offline,) = (tmp_path / "one" / "wandb").glob("offline-run-*")
+    assert sum(f.stat().st_size for f in offline.glob("run-*.wandb")) > 0
+    # --save_videos: one mp4 per episode, named by task, episode and outcome.
+    videos = sorted(p.name for p in (tmp_path / "two" / "videos").iterdir())
+    assert videos == [f"task00-episode0{i}-success={e['success']}.mp4" for i, e in enumerate(two["episodes"])]
+    assert all((tmp_path / "two" / "videos" / name).stat().st_size > 1000 for name in videos)
 
 
 @pytest.fixture(scope="module")
@@ -164,11 +176,8 @@ def one_paragraph(proc: subprocess.CompletedProcess) -> str:
 def test_bad_input_is_one_paragraph(
     libero_runs: dict[str, Path], libero_config: Path, tmp_path: Path
 ) -> None:
+    """What needs a run or the machine to find out (flag mistakes are in tests/test_cli_errors.py's catalogue)."""
     run = str(libero_runs["tokens"])
-    text = one_paragraph(run_script("--checkpoint", run, "--task_suite", "libero_spatail"))
-    assert "libero_spatail" in text and "libero_spatial" in text and "libero_90" in text
-    text = one_paragraph(run_script("--checkpoint", run, "--tasks", "0,12"))
-    assert "'12'" in text and "0..9" in text
     text = one_paragraph(run_script("--checkpoint", run, "--tasks", "0", MUJOCO_GL="glfw"))
     assert "MUJOCO_GL=glfw" in text and "egl, osmesa" in text
     text = one_paragraph(run_script("--checkpoint", run, "--task_suite", "libero_goal", "--tasks", "0"))
@@ -176,5 +185,3 @@ def test_bad_input_is_one_paragraph(
     port = free_port()  # nothing listens there
     text = one_paragraph(run_script("--policy_url", f"http://127.0.0.1:{port}", "--tasks", "0"))
     assert f"127.0.0.1:{port}" in text and "serve.py" in text
-    text = one_paragraph(run_script("--tasks", "0"))
-    assert "--checkpoint" in text and "--policy_url" in text

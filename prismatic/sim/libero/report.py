@@ -11,8 +11,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from prismatic.sim.libero.suites import LIBERO_SUITES, NUM_STEPS_WAIT
+
 if TYPE_CHECKING:  # annotations only: the rollout imports the simulator layer
-    from prismatic.sim.libero.rollout import EpisodeResult
+    from prismatic.sim.libero.rollout import EpisodeResult, RolloutSettings
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
@@ -71,6 +73,20 @@ def summarize(
         for r in results
     ]
     return {"tasks": tasks, "overall": _row(wins, len(results)), "episodes": episodes}
+
+
+def protocol_record(settings: RolloutSettings, suite: str) -> dict[str, Any]:
+    """The protocol an evaluation ran with, as the report records it (so two reports can be compared)."""
+    return {
+        "unnorm_key": settings.unnorm_key,
+        "center_crop": settings.center_crop,
+        "image_size": list(settings.image_size),
+        "num_images": settings.num_images,
+        "proprio": settings.use_proprio,
+        "open_loop_steps": settings.open_loop_steps,
+        "max_steps": settings.max_steps or LIBERO_SUITES[suite],
+        "num_steps_wait": NUM_STEPS_WAIT,
+    }
 
 
 def _percent(row: Mapping[str, Any]) -> str:
