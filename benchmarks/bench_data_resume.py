@@ -1,6 +1,7 @@
 """Data-resume benchmark: time to restore a rank's data stream after N frames, via snapshot and via skipping.
 
     .venv/bin/python benchmarks/bench_data_resume.py --data_root_dir data/toy
+    .venv/bin/python benchmarks/bench_data_resume.py --data_root_dir data/toy --shuffle_buffer_size 256000
     .venv/bin/python benchmarks/bench_data_resume.py --bridge_like data/bench_bridge --points 2000 10000
 
 One writer `RLDSDataset` streams to the largest point, saving its state (`save_stream_state`) at every point and
@@ -8,9 +9,11 @@ recording the frames that follow. Then, per point and path, a fresh `RLDSDataset
 (`resume_from(N, state)` for "snapshot", `resume_from(N, None)` for "skip"); the time from construction to its
 first frame is printed, with the ratio between the largest and the smallest point (bounded: ~1; linear: ~16 for
 160k / 10k), and the resumed frames are checked against the writer's. Frames are the pipeline's raw frames (an
-identity batch transform): the model's transform costs the same on both paths. The snapshot's bytes on disk hold
-the shuffle buffer, so they grow with `shuffle_buffer_size` and the encoded frame size; the estimate for OpenVLA's
-256k-frame buffer scales the measured bytes per buffered frame.
+identity batch transform): the model's transform costs the same on both paths. The snapshot holds positions, not
+frames (tf.data's symbolic iterator state over the window shuffle, `prismatic/vla/datasets/rlds/shuffle.py`), so
+its bytes depend on the number of datasets, not on `shuffle_buffer_size` or the frames: run with
+`--shuffle_buffer_size 256000` for OpenVLA's buffer (its RAM, printed, is that of the frames held, not of the
+snapshot). A snapshot resume re-reads one shuffle window (`shuffle_buffer_size / 2` encoded frames).
 """
 
 from __future__ import annotations
@@ -23,8 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-OPENVLA_SHUFFLE_BUFFER = 256_000
 
 
 def _key(frame: dict[str, Any]) -> bytes:
@@ -59,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--check_frames", type=int, default=32, help="resumed frames compared with the writer's"
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=("snapshot", "skip"),
+        default=["snapshot", "skip"],
+        help="resume paths timed (skip alone is slow at large points)",
     )
     args = parser.parse_args(argv)
     points = sorted(set(args.points))
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             f"data_mix={mix} res={args.resolution} buffer={args.shuffle_buffer_size} image_aug={args.image_aug}: "
             f"streamed {writer.frames_consumed} frames in {time.perf_counter() - start:.1f} s (saves included)"
         )
-        buffered_frame_bytes = writer.shuffle_buffer_gb * 2**30 / args.shuffle_buffer_size
+        writer_buffer_gb = writer.shuffle_buffer_gb
         # A live iterator keeps decoding into its prefetch buffer: stop it, or it steals cores from what is timed.
         del stream, writer
         gc.collect()
@@ -117,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds: dict[tuple[str, int], float] = {}
         all_same = True
         for point in points:
-            for path in ("snapshot", "skip"):
+            for path in args.paths:
                 begin = time.perf_counter()
                 resumed = dataset()
                 got = resumed.resume_from(point, state_root / str(point) if path == "snapshot" else None)
@@ -134,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"frame (resume_from -> {got!r}; next {args.check_frames} frames {same})"
                 )
         low, high = points[0], points[-1]
-        for path in ("snapshot", "skip"):
+        for path in args.paths:
             ratio = seconds[path, high] / seconds[path, low]
             print(f"{path:<8} {high}/{low}: {ratio:.2f}x")
 
@@ -146,15 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"snapshot at {point}: {_folder_bytes(folder):,} bytes ({parts}); save {save_s[point]:.2f} s"
             )
-        per_frame = _folder_bytes(state_root / str(high)) / args.shuffle_buffer_size
-        estimate = per_frame * OPENVLA_SHUFFLE_BUFFER
         print(
-            f"bytes per buffered frame (snapshot / buffer size): {per_frame:,.0f}; OpenVLA's "
-            f"{OPENVLA_SHUFFLE_BUFFER:,}-frame buffer of such frames: ~{estimate / 2**30:.2f} GiB per rank"
-        )
-        print(
-            f"  the pipeline's own estimate of a buffered frame in RAM (with tf.data / malloc overhead): "
-            f"{buffered_frame_bytes:,.0f} bytes"
+            f"snapshot bytes per rank at a {args.shuffle_buffer_size:,}-frame buffer: "
+            f"{max(_folder_bytes(state_root / str(p)) for p in points):,} at most (positions, no frames); the "
+            f"buffer itself holds ~{writer_buffer_gb:.2f} GiB of encoded frames in RAM (the pipeline's estimate)"
         )
     return 0 if all_same else 1  # a resume path that gives other frames than the writer's is a failure
 

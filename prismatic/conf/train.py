@@ -34,8 +34,8 @@ class CheckpointConfig:
         False  # write checkpoints in the background (DCP async save); training goes on meanwhile
     )
     export_final: bool = False  # after training, also write the HF OpenVLA export to <run_dir>/hf/
-    # Each rank's data-stream snapshot (its shuffle buffer: ~10 GiB per rank at OpenVLA's 256k frames) makes resuming
-    # the data position take bounded time; without it a resume skips the consumed frames (time linear in them).
+    # Each rank's data-stream snapshot (its reader positions, ~35 KB at any shuffle buffer) makes resuming the data
+    # position take bounded time; without it a resume skips the consumed frames (time linear in them).
     data_snapshot: bool = True  # save each rank's data-stream snapshot with every checkpoint
 
 

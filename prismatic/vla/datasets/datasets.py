@@ -5,11 +5,14 @@ Built from one `StreamSpec` (`stream_spec.py`), which names everything that defi
 processes would repeat one stream). Each frame goes through a batch transform (`batch_transform.py`).
 
 Resume: `frames_consumed` counts the frames the current iterator has yielded. `save_stream_state(dir)` writes the
-rank's position without disturbing the live stream: a checkpoint of the tf.data iterator (readers' positions,
-shuffle buffer, in-flight frames; see `rlds/interleave.py`) plus the frames of the last fetched group not yet
-yielded (frames leave tf.data in groups of `FRAMES_PER_FETCH`), keyed by a fingerprint of everything that
-defines the stream. `resume_from(n, dir)` restores that snapshot when it matches (time independent of n), and
-otherwise falls back to skipping n frames (time linear in n).
+rank's position without disturbing the live stream: positions, not frames. The pipeline runs under tf.data's
+symbolic checkpointing and its shuffle is a window shuffle of a fixed order (`rlds/shuffle.py`), so the iterator's
+state is cursors (the readers' files and offsets, the mixing RNG, the window being emitted and the index in it),
+tens of KB whatever the buffer size. Frames leave tf.data in groups of `FRAMES_PER_FETCH`: the state saved is the
+one from before the group being yielded, with the count of its frames already yielded. All is keyed by a
+fingerprint of everything that defines the stream. `resume_from(n, dir)` restores that snapshot when it matches
+(re-reading one shuffle window: time set by the buffer size, independent of n), and otherwise falls back to
+skipping n frames (time linear in n).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -34,7 +37,9 @@ from prismatic.vla.datasets.stream_spec import StreamSpec
 logger = logging.getLogger(__name__)
 
 FRAMES_PER_FETCH = 16
-STREAM_STATE_FORMAT = 1  # bump when the snapshot layout changes: older snapshots then resume by skipping
+# Bump when the snapshot layout changes: older snapshots then resume by skipping. 1: a tf.data iterator checkpoint
+# holding the shuffle buffer's frames; 2: the symbolic state (cursors) of the window-shuffled stream.
+STREAM_STATE_FORMAT = 2
 
 
 def _frame_at(group: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -46,77 +51,68 @@ class _SnapshotUnusable(Exception):
     """Why a saved stream state cannot be resumed from (logged, then the stream resumes by skipping)."""
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+# The tf.data iterator's state is captured with the iterator's resource handle (`OwnedIterator._iterator_resource`,
+# what `tf.train.Checkpoint` uses too): the public API can only write the live state to files, and a snapshot needs
+# the state from before the group being yielded, kept in memory (~0.1 ms per capture, under symbolic checkpointing).
+def _capture_state(iterator: Any) -> Any:
+    """The iterator's state now, as a variant tensor (a copy: it does not follow the iterator)."""
+    tf = import_tensorflow()
+    return tf.raw_ops.SerializeIterator(
+        resource_handle=iterator._iterator_resource,
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE.value,
+    )
 
 
-def _save_frames(file: IO[bytes], group: Mapping[str, Any], start: int) -> None:
-    """Write frames `start:` of a fetched group to `file` (.npz, no pickle); strings as bytes + lengths."""
-    arrays = {}
-    for key, value in _flatten(group).items():
-        rest = np.asarray(value[start:])
-        if rest.dtype == object:  # tf.string leaves arrive as object arrays of bytes
-            items = [bytes(b) for b in rest.ravel()]
-            arrays[f"{key}:bytes"] = np.frombuffer(b"".join(items), np.uint8)
-            arrays[f"{key}:lengths"] = np.array([len(b) for b in items], np.int64).reshape(rest.shape)
-        else:
-            arrays[key] = rest
-    np.savez(file, **arrays)
+def _state_bytes(state: Any) -> dict[str, np.ndarray]:
+    """A captured state as byte arrays (one per slice, as TensorFlow serializes it), for `np.savez_compressed`."""
+    tf = import_tensorflow()
+    return {
+        f"slice{i:05d}": np.frombuffer(tf.io.serialize_tensor(part).numpy(), np.uint8)
+        for i, part in enumerate(tf.unstack(state))
+    }
 
 
-def _load_frames(path: Path) -> dict[str, Any]:
-    """Inverse of `_save_frames`: the nested group of frames, strings back as object arrays of bytes."""
-    group: dict[str, Any] = {}
+def _restore_state(iterator: Any, path: Path) -> None:
+    """Restore `iterator` (fresh, over the dataset the state was captured from) from a `_state_bytes` file."""
+    tf = import_tensorflow()
     with np.load(path, allow_pickle=False) as npz:
-        for name in npz.files:
-            if name.endswith(":lengths"):
-                continue
-            if name.endswith(":bytes"):
-                key = name.removesuffix(":bytes")
-                data, lengths = npz[name].tobytes(), npz[f"{key}:lengths"]
-                ends = np.cumsum(lengths.ravel())
-                items = [data[end - n : end] for end, n in zip(ends, lengths.ravel(), strict=True)]
-                value = np.empty(len(items), object)
-                value[:] = items
-                value = value.reshape(lengths.shape)
-            else:
-                key, value = name, npz[name]
-            *parents, leaf = key.split(".")
-            node = group
-            for parent in parents:
-                node = node.setdefault(parent, {})
-            node[leaf] = value
-    return group
+        parts = [tf.io.parse_tensor(npz[name].tobytes(), tf.variant) for name in sorted(npz.files)]
+    tf.raw_ops.DeserializeIterator(resource_handle=iterator._iterator_resource, serialized=tf.stack(parts))
 
 
 @dataclass
 class _Stream:
-    """One `iter()`'s position: the tf.data iterator over groups of frames, the group being yielded from (and the
-    index of its next frame), and the frames yielded so far counted from the stream's start."""
+    """One `iter()`'s position: the tf.data iterator over groups of frames, the group being yielded from (with the
+    iterator's state from before it was fetched, and the index of its next frame), and the frames yielded so far
+    counted from the stream's start."""
 
-    groups: Any  # tf.data NumPy iterator over batches of FRAMES_PER_FETCH frames
+    groups: Any  # tf.data iterator over batches of FRAMES_PER_FETCH frames
     start_sample: int  # of the dataset `groups` iterates: a restored iterator needs the same one
     frames_consumed: int
     group: Mapping[str, Any] | None = None
     next_index: int = 0
+    state_before_group: Any = None  # `_capture_state` before `group` was fetched (None: no group yet)
 
     def next_frame(self) -> dict[str, Any] | None:
         """The next raw frame, or None at the end of a finite (val) stream."""
         if self.group is None or self.next_index >= len(self.group["action"]):
+            state = _capture_state(self.groups)
             group = next(self.groups, None)
             if group is None:
                 return None
-            self.group, self.next_index = group, 0
+            # `_numpy()` as `as_numpy_iterator` does: views of the tensors' memory, no copy.
+            self.group = import_tensorflow().nest.map_structure(lambda t: t._numpy(), group)
+            self.next_index, self.state_before_group = 0, state
         frame = _frame_at(self.group, self.next_index)
         self.next_index += 1
         self.frames_consumed += 1
         return frame
+
+    def position(self) -> tuple[Any, int]:
+        """(iterator state, frames of the group fetched after it already yielded): where a resume restarts."""
+        if self.group is None or self.next_index >= len(self.group["action"]):
+            return _capture_state(self.groups), 0
+        return self.state_before_group, self.next_index
 
 
 class RLDSDataset(IterableDataset):
@@ -186,7 +182,7 @@ class RLDSDataset(IterableDataset):
     def _open_stream(self, start_sample: int) -> _Stream:
         # Frames leave tf.data in groups: one NumPy conversion per group instead of per frame (~15% more frames/s
         # on 2 cores); each frame is then a view into its group's arrays.
-        groups = self._dataset_at(start_sample).batch(FRAMES_PER_FETCH).as_numpy_iterator()
+        groups = iter(self._dataset_at(start_sample).batch(FRAMES_PER_FETCH))
         return _Stream(groups, start_sample, frames_consumed=start_sample)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -218,10 +214,11 @@ class RLDSDataset(IterableDataset):
     def save_stream_state(self, directory: Path) -> None:
         """Write this rank's stream position into `directory` (created if needed), as `data-rankNNNNN.*`.
 
-        Call between frames; the live iterator continues unchanged. Files: `.tfdata.index` / `.tfdata.data-*`
-        (the tf.data iterator checkpoint), `.frames.npz` (fetched frames not yet yielded, if any) and `.json`
-        (fingerprint, `frames_consumed`, file sizes), written last, so a crash mid-save leaves no state that
-        loads. Per rank, not collective: every rank writes its own files into the same folder.
+        Call between frames; the live iterator continues unchanged. Files: `.tfdata.npz` (the tf.data iterator's
+        symbolic state from before the group of frames being yielded: cursors, no frames) and `.json`
+        (fingerprint, `frames_consumed`, the frames of that group already yielded, file sizes), written last, so
+        a crash mid-save leaves no state that loads. Per rank, not collective: every rank writes its own files
+        into the same folder.
         """
         tf = import_tensorflow()
         directory = Path(directory)
@@ -234,18 +231,17 @@ class RLDSDataset(IterableDataset):
         for old in directory.glob(f"{stem}.*"):
             old.unlink()
 
-        tf.train.Checkpoint(iterator=stream.groups).write(str(directory / f"{stem}.tfdata"))
-        leftover = 0
-        if stream.group is not None and stream.next_index < len(stream.group["action"]):
-            leftover = len(stream.group["action"]) - stream.next_index
-            with atomic_write(directory / f"{stem}.frames.npz", "data stream state") as f:
-                _save_frames(f, stream.group, stream.next_index)
+        state, skip = stream.position()
+        with atomic_write(directory / f"{stem}.tfdata.npz", "data stream state") as f:
+            np.savez_compressed(f, **_state_bytes(state))
+        group_size = len(stream.group["action"]) if stream.group is not None else 0
         meta = {
             "format": STREAM_STATE_FORMAT,
             "fingerprint": self._fingerprint,
             "frames_consumed": stream.frames_consumed,
             "start_sample": stream.start_sample,
-            "leftover_frames": leftover,
+            "group_frames_yielded": skip,
+            "leftover_frames": group_size - skip if skip else 0,
             "files": {
                 p.name: p.stat().st_size for p in sorted(directory.glob(f"{stem}.*")) if p != meta_path
             },
@@ -290,7 +286,6 @@ class RLDSDataset(IterableDataset):
         Raises:
             _SnapshotUnusable: saying why (missing, unreadable, other stream, other frame, damaged).
         """
-        tf = import_tensorflow()
         stem = self._state_stem()
         meta_path = directory / f"{stem}.json"
         if not meta_path.is_file():
@@ -299,7 +294,10 @@ class RLDSDataset(IterableDataset):
             meta = json.loads(meta_path.read_text())
             fmt, saved_fingerprint = meta["format"], dict(meta["fingerprint"])
             saved_frames, start_sample = int(meta["frames_consumed"]), int(meta["start_sample"])
-            leftover, files = int(meta["leftover_frames"]), {str(k): int(v) for k, v in meta["files"].items()}
+            skip, files = (
+                int(meta["group_frames_yielded"]),
+                {str(k): int(v) for k, v in meta["files"].items()},
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise _SnapshotUnusable(f"'{meta_path}' cannot be read ({type(e).__name__}: {e})") from e
         if fmt != STREAM_STATE_FORMAT:
@@ -322,16 +320,20 @@ class RLDSDataset(IterableDataset):
                     f"'{path}' is missing or does not have the {size} bytes it was saved with"
                 )
 
-        groups = self._dataset_at(start_sample).batch(FRAMES_PER_FETCH).as_numpy_iterator()
+        groups = iter(self._dataset_at(start_sample).batch(FRAMES_PER_FETCH))
+        stream = _Stream(groups, start_sample, frames_consumed=frames - skip)
         try:
-            tf.train.Checkpoint(iterator=groups).read(str(directory / f"{stem}.tfdata")).assert_consumed()
-            group = _load_frames(directory / f"{stem}.frames.npz") if leftover else None
+            _restore_state(groups, directory / f"{stem}.tfdata.npz")
+            # Back to where the save was: the group being yielded then is fetched again, its first frames dropped.
+            for _ in range(skip):
+                if stream.next_frame() is None:
+                    raise _SnapshotUnusable(f"the stream ended within the {skip} frames it was saved after")
+        except _SnapshotUnusable:
+            raise
         except Exception as e:  # noqa: BLE001 (tf, numpy and zip errors alike: a damaged snapshot)
             reason = " ".join(str(e).split())[:300]
             raise _SnapshotUnusable(f"it cannot be restored ({type(e).__name__}: {reason})") from e
-        if group is not None and len(group.get("action", ())) != leftover:
-            raise _SnapshotUnusable(f"its frames file does not hold the {leftover} frames it was saved with")
-        return _Stream(groups, start_sample, frames_consumed=frames, group=group)
+        return stream
 
     def __len__(self) -> int:
         return self.dataset_length

@@ -2,7 +2,9 @@
 
 Frames are shuffled while their images are still encoded (a buffer of JPEG bytes is ~50x smaller than one of
 decoded images), so a large buffer is cheap; a buffer that would not fit its budget is refused before training
-starts instead of being killed by the OOM killer hours later.
+starts instead of being killed by the OOM killer hours later. The shuffle (`shuffle.py`) holds at most two windows
+of `shuffle_buffer_size // 2` frames (the one being emitted and the next, being read), so its peak is
+`shuffle_buffer_size` buffered frames, the figure checked here.
 """
 
 from __future__ import annotations

@@ -8,14 +8,17 @@ Per dataset (`<data_root_dir>/<name>/<highest version>/`, read with `tfds.builde
     trajectories into frames. The order, the statistics and the arithmetic are
     OpenVLA's (`DataOptions` in `prismatic/conf/data.py` names each choice; docs/data_pipeline.md).
 Then across datasets: weighted `sample_from_datasets` (weights balanced by size, `mixtures.py`) -> frame-level
-shuffle buffer (train; its RAM checked by `buffer.py`) -> skip `start_sample` frames -> decode + resize
-(+ augment) the images (`images.py`). What is built is one `StreamSpec` (`prismatic/vla/datasets/stream_spec.py`).
+window shuffle (train; `shuffle.py`, its RAM checked by `buffer.py`) -> skip `start_sample` frames -> decode +
+resize (+ augment) the images (`images.py`). What is built is one `StreamSpec`
+(`prismatic/vla/datasets/stream_spec.py`).
 
 Frames are shuffled while their images are still encoded (a buffer of JPEG bytes is ~50x smaller), and skipped
 before decoding, so resuming at frame N by skipping costs reading, not decoding, the first N frames: linear in N.
-Resuming in bounded time instead restores a checkpoint of the tf.data iterator (`RLDSDataset.save_stream_state`
-/ `resume_from`): every op of the pipeline supports iterator checkpointing, which stores the readers' positions,
-the shuffle buffer (so a snapshot is about `shuffle_buffer_size` encoded frames) and the in-flight decoded frames.
+Resuming in bounded time instead restores the tf.data iterator's state (`RLDSDataset.save_stream_state` /
+`resume_from`). The pipeline runs under symbolic checkpointing (`experimental_symbolic_checkpoint`): every op
+saves cursors, never buffered elements (in-flight decoded frames are recomputed on restore), and the shuffle
+saves the readers' cursors from before its current window plus the index in it, because its order is a function
+of positions alone (`shuffle.py`); a restore re-reads that window. So a snapshot is tens of KB, not the buffer.
 The iterator must be restored into the stream built with the `start_sample` it was saved from
 (`RLDSPipeline.from_sample`): tf.data drops a `skip(0)`, so the pipeline's shape depends on it.
 
@@ -77,6 +80,7 @@ from prismatic.vla.datasets.rlds.images import frame_image_decoder
 from prismatic.vla.datasets.rlds.mixtures import balance_sample_weights
 from prismatic.vla.datasets.rlds.normalization import normalize_tf
 from prismatic.vla.datasets.rlds.reading import dataset_statistics
+from prismatic.vla.datasets.rlds.shuffle import window_shuffle
 from prismatic.vla.datasets.rlds.statistics import COUNTS_FIELD, with_action_mask
 from prismatic.vla.datasets.rlds.trajectories import TRAJECTORY_PARALLEL_CALLS, graph_only, trajectory_dataset
 from prismatic.vla.datasets.stream_spec import StreamSpec
@@ -266,8 +270,11 @@ def _shuffle_buffer_gb(spec: StreamSpec, weights: np.ndarray, frame_bytes: list[
     return spec.shuffle_buffer_size * mean_frame_bytes / 2**30
 
 
-def _decoded_stream(encoded: Any, spec: StreamSpec, image_views: tuple[str, ...]) -> Callable[[int], Any]:
-    """`from_sample(n)`: the mixed stream of encoded frames from frame n on, images decoded (and augmented)."""
+def _decoded_stream(
+    numbered_from: Callable[[int], Any], spec: StreamSpec, image_views: tuple[str, ...]
+) -> Callable[[int], Any]:
+    """`from_sample(n)`: `numbered_from(n)`, the (index, encoded frame) pairs from frame n on, images decoded
+    (and augmented)."""
     tf = import_tensorflow()
     # One seed per camera (by its index in CAMERA_VIEWS, so the primary's is the single-view pipeline's): the
     # views of a frame are augmented differently, as OpenVLA's `augment` (seed + i) does.
@@ -288,12 +295,14 @@ def _decoded_stream(encoded: Any, spec: StreamSpec, image_views: tuple[str, ...]
     # neither keeps state between calls: `get_single_element` of an episode's steps (`trajectories.py`) and the
     # fixed-seed generator of tfds' per-epoch file shuffle.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    # Checkpoints hold cursors, not buffered frames (see the module docstring).
+    options.experimental_symbolic_checkpoint = True
 
     def from_sample(start: int) -> Any:
         if start < 0:
             raise ConfigError(f"start_sample must be >= 0, got {start}.")
         # Positions are counted before skipping, so frame i gets the same augmentation whatever the start is.
-        stream = encoded.enumerate().skip(start)
+        stream = numbered_from(start)
         stream = stream.map(graph_only(decode), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
             tf.data.AUTOTUNE
         )
@@ -354,12 +363,12 @@ def make_interleaved_dataset(spec: StreamSpec) -> RLDSPipeline:
         )
     if spec.train:
         # Frames are still JPEG bytes here, so a large buffer stays cheap.
-        dataset = dataset.shuffle(
-            spec.shuffle_buffer_size,
-            seed=_seed(spec.seed, spec.rank, _PURPOSE_SHUFFLE),
-            reshuffle_each_iteration=False,
+        numbered_from = functools.partial(
+            window_shuffle, dataset, spec.shuffle_buffer_size, _seed(spec.seed, spec.rank, _PURPOSE_SHUFFLE)
         )
-    from_sample = _decoded_stream(dataset, spec, image_views)
+    else:
+        numbered_from = dataset.enumerate().skip
+    from_sample = _decoded_stream(numbered_from, spec, image_views)
     return RLDSPipeline(
         dataset=from_sample(spec.start_sample),
         dataset_statistics=statistics,
