@@ -33,7 +33,12 @@ BRIDGE_LIKE_STEPS = 38  # Bridge V2's mean episode length
 def build_bridge_like(root: Path, num_frames: int, seed: int = 0) -> Path:
     """A synthetic dataset in Bridge V2's raw layout (`bridge_orig`): 256x256 JPEG `image_0`, state[7], action[7],
     instruction; textured images so the JPEGs are Bridge-sized (~15-20 KB). Skipped when already built."""
-    from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags, write_rlds_dataset
+    from prismatic.vla.datasets.rlds.writer import (
+        rlds_episode_features,
+        rlds_step_features,
+        rlds_step_flags,
+        write_rlds_dataset,
+    )
 
     num_episodes = max(2, num_frames // BRIDGE_LIKE_STEPS)
     rng = np.random.default_rng(seed)
@@ -75,9 +80,7 @@ def build_bridge_like(root: Path, num_frames: int, seed: int = 0) -> Path:
             "language_instruction": f.Text(),
             **rlds_step_features(f),
         }
-        return f.FeaturesDict(
-            {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
-        )
+        return rlds_episode_features(f, step)
 
     return write_rlds_dataset(
         root,

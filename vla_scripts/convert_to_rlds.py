@@ -284,9 +284,7 @@ def _write(
             "language_instruction": f.Text(),
             **rlds_step_features(f),
         }
-        return f.FeaturesDict(
-            {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
-        )
+        return rlds_episode_features(f, step)
 
     def episodes(split: str) -> Iterator[dict[str, Any]]:
         for i in splits[split]:
@@ -295,7 +293,11 @@ def _write(
             yield _to_rlds(episode, source.file_path(i))
 
     # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
-    from prismatic.vla.datasets.rlds.writer import rlds_step_features, write_rlds_dataset
+    from prismatic.vla.datasets.rlds.writer import (
+        rlds_episode_features,
+        rlds_step_features,
+        write_rlds_dataset,
+    )
 
     target = write_rlds_dataset(
         data_root_dir,

@@ -35,7 +35,7 @@ import numpy as np
 from prismatic.run_layout import LIBERO_EVAL_DIR, LIBERO_RESULTS_FILE, LIBERO_VIDEOS_DIR
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
-from prismatic.util.files import write_json_atomic
+from prismatic.util.files import looks_like_local_path, write_json_atomic
 from prismatic.util.logging import setup_logging
 
 logger = logging.getLogger("vla_scripts.eval_libero")
@@ -76,8 +76,7 @@ class EvalLiberoConfig:
                 f"serve.py); got checkpoint={self.checkpoint!r}, policy_url={self.policy_url!r}."
             )
         if self.checkpoint is not None:
-            looks_local = self.checkpoint.endswith(".pt") or self.checkpoint.startswith(("/", ".", "~"))
-            if looks_local and not Path(self.checkpoint).expanduser().exists():
+            if looks_like_local_path(self.checkpoint) and not Path(self.checkpoint).expanduser().exists():
                 raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
         if self.policy_url is not None and not self.policy_url.startswith(("http://", "https://")):
             raise ConfigError(f"--policy_url must be an http(s):// URL, got '{self.policy_url}'.")
@@ -124,19 +123,14 @@ def open_source(cfg: EvalLiberoConfig) -> Any:
         return ServerSource(cfg.policy_url, max_concurrent=cfg.num_envs)
     from prismatic.inference import load_policy
 
-    policy = load_policy(cfg.checkpoint, device=cfg.device or _default_device(), dtype=cfg.dtype)
+    policy = load_policy(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, hf_token=cfg.hf_token)
     return InProcessSource(policy, policy.trained_with_image_aug)
-
-
-def _default_device() -> str:
-    import torch  # lazy: --help and flag errors stay torch-free
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _settings(cfg: EvalLiberoConfig, facts: Any) -> Any:
     from prismatic.sim.libero.protocol import suite_unnorm_key
     from prismatic.sim.libero.rollout import RolloutSettings
+    from prismatic.sim.libero.suites import LIBERO_SUITES
 
     if facts.num_images not in (1, 2):
         raise ConfigError(
@@ -173,7 +167,7 @@ def _settings(cfg: EvalLiberoConfig, facts: Any) -> Any:
         num_images=facts.num_images,
         use_proprio=facts.proprio_dim > 0,
         open_loop_steps=facts.chunk_size,
-        max_steps=cfg.max_steps,
+        max_steps=cfg.max_steps or LIBERO_SUITES[cfg.task_suite],
         keep_frames=cfg.save_videos,
     )
 
@@ -198,7 +192,6 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
     out_dir = cfg.out_dir or default_out_dir(cfg)
     try:
         settings = _settings(cfg, source.facts)
-        instructions = {(cfg.task_suite, t): suites.task_language(cfg.task_suite, t) for t in task_ids}
         episodes = [
             EpisodeSpec(cfg.task_suite, task_id, episode, seed=0)
             for task_id in task_ids
@@ -224,7 +217,7 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
         with EnvPool(cfg.num_envs) as pool:
             results = run_episodes(pool, episodes, source, settings, progress)
         seconds = time.perf_counter() - started
-        summary = summarize(results, instructions)
+        summary = summarize(results)
         progress.close(summary["overall"]["success_rate"])
         report = {
             "task_suite": cfg.task_suite,
@@ -233,7 +226,7 @@ def evaluate_libero(cfg: EvalLiberoConfig) -> dict[str, Any]:
             "num_trials_per_task": cfg.num_trials_per_task,
             "num_envs": cfg.num_envs,
             "seed": cfg.seed,
-            "protocol": protocol_record(settings, cfg.task_suite),
+            "protocol": protocol_record(settings),
             "seconds": round(seconds, 2),
             "episodes_per_minute": round(60 * len(results) / seconds, 2) if seconds > 0 else None,
             **summary,

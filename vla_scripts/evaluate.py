@@ -36,7 +36,7 @@ from prismatic.models.checkpoint_format import run_folder_of
 from prismatic.run_layout import CHECKPOINTS_DIR, CONFIG_STEM
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
-from prismatic.util.files import write_json_atomic
+from prismatic.util.files import looks_like_local_path, write_json_atomic
 from prismatic.util.logging import setup_logging
 
 logger = logging.getLogger("vla_scripts.evaluate")
@@ -66,11 +66,6 @@ def _local_checkpoint(checkpoint: str) -> Path | None:
     """The checkpoint as a local path when it names one (else it is a Hub / registry id)."""
     path = Path(checkpoint).expanduser()
     return path if path.exists() else None
-
-
-def _looks_like_path(checkpoint: str) -> bool:
-    """A local file or folder for sure: a Hub id is `org/name[/subfolder]` and never a `.pt` file."""
-    return checkpoint.endswith(".pt") or checkpoint.startswith(("/", ".", "~")) or checkpoint.count("/") > 2
 
 
 def run_config(checkpoint: Path) -> dict[str, Any]:
@@ -146,7 +141,7 @@ def resolve_data_mix(cfg: EvaluateConfig) -> str:
 
 def check_config(cfg: EvaluateConfig) -> None:
     """Reject bad flags before anything heavy loads."""
-    if _local_checkpoint(cfg.checkpoint) is None and _looks_like_path(cfg.checkpoint):
+    if _local_checkpoint(cfg.checkpoint) is None and looks_like_local_path(cfg.checkpoint):
         raise ConfigError(f"--checkpoint '{cfg.checkpoint}' does not exist.")
     if cfg.split not in SPLITS:
         raise ConfigError(f"Unknown --split '{cfg.split}'. Valid choices: {', '.join(SPLITS)}.")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import looks_like_local_path
 from prismatic.util.logging import setup_logging
 
 if TYPE_CHECKING:  # annotations only: the policy module imports torch
@@ -59,8 +60,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         # A mistyped local path fails here, before torch loads (seconds); Hub / registry ids go to load_policy.
-        looks_local = self.checkpoint.endswith(".pt") or self.checkpoint.startswith(("/", ".", "~"))
-        if looks_local and not Path(self.checkpoint).expanduser().exists():
+        if looks_like_local_path(self.checkpoint) and not Path(self.checkpoint).expanduser().exists():
             raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
         if not 1 <= self.port <= 65535:
             raise ConfigError(f"--port must be in 1..65535, got {self.port}.")
@@ -122,14 +122,12 @@ def serve(cfg: ServeConfig) -> None:
     check_bindable(cfg.host, cfg.port)
 
     # lazy: torch, uvicorn and the model code load after the port is checked (--help and refusals stay instant)
-    import torch
     import uvicorn
 
     from prismatic.inference import load_policy
     from prismatic.inference.server import create_app
 
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    policy = load_policy(cfg.checkpoint, device=device, dtype=cfg.dtype, hf_token=cfg.hf_token)
+    policy = load_policy(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, hf_token=cfg.hf_token)
     logger.info(
         "Loaded %s from %s on %s (%s); unnorm keys: %s",
         policy.model_id,

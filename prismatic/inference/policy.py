@@ -76,9 +76,12 @@ class DecodedActions:
 
 
 def resolve_device_dtype(
-    device: str | torch.device, dtype: str | torch.dtype | None
+    device: str | torch.device | None, dtype: str | torch.dtype | None
 ) -> tuple[torch.device, torch.dtype]:
-    """`device` as a torch.device and `dtype` (default: bf16 on GPU, fp32 on CPU), with clear errors."""
+    """`device` as a torch.device (None: cuda when a GPU is visible, else cpu) and `dtype` (default: bf16 on GPU,
+    fp32 on CPU), with clear errors."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(device)
     except RuntimeError as err:
@@ -406,7 +409,7 @@ class VLAPolicy:
 
 def load_policy(
     path_or_id: str | Path,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = "cpu",
     dtype: str | torch.dtype | None = None,
     hf_token: str | None = None,
     constrained: bool = True,
@@ -416,7 +419,7 @@ def load_policy(
     Args:
         path_or_id: a run folder (its newest checkpoint), a `<run>/checkpoints/*.pt` file, an exported HF
             OpenVLA folder, or a Hub id.
-        device: where the model runs ("cpu", "cuda", "cuda:1", ...).
+        device: where the model runs ("cpu", "cuda", "cuda:1", ...; None: cuda when a GPU is visible, else cpu).
         dtype: "bfloat16" / "float32" / "float16" or a torch dtype; default bf16 on GPU, fp32 on CPU.
         hf_token: for gated Hub repos.
         constrained: decode only action-token ids (False: OpenVLA's unconstrained greedy decoding).

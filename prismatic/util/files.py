@@ -172,3 +172,10 @@ def write_text_atomic(path: Path, content: str, what: str) -> Path:
 def write_json_atomic(path: Path, data: Any, what: str) -> Path:
     """Write `data` as indented JSON through `atomic_write`; return `path`."""
     return write_text_atomic(path, json.dumps(data, indent=2) + "\n", what)
+
+
+def looks_like_local_path(source: str) -> bool:
+    """Whether a `--checkpoint` value can only be a local file or folder (a `.pt` file, an absolute, relative or
+    home path, or more slashes than a Hub id's `org/name[/subfolder]`), so that a missing one is a typo to report
+    before anything loads, rather than a Hub or registry id."""
+    return source.endswith(".pt") or source.startswith(("/", ".", "~")) or source.count("/") > 2

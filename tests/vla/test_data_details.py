@@ -54,7 +54,7 @@ JPEG_LEVELS = 8  # uint8 levels JPEG and the resizes may move a colour by, away 
 
 def _features(tfds: Any, image_size: int) -> Any:
     """toy_pick_place's raw layout (so its identity standardisation reads it), at `image_size`."""
-    from prismatic.vla.datasets.rlds.writer import rlds_step_features
+    from prismatic.vla.datasets.rlds.writer import rlds_episode_features, rlds_step_features
 
     f = tfds.features
     step = {
@@ -68,9 +68,7 @@ def _features(tfds: Any, image_size: int) -> Any:
         "language_instruction": f.Text(),
         **rlds_step_features(f),
     }
-    return f.FeaturesDict(
-        {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
-    )
+    return rlds_episode_features(f, step)
 
 
 def _step_text(instruction: str | tuple[str, ...], t: int) -> str:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prismatic.sim.libero.suites import LIBERO_SUITES, NUM_STEPS_WAIT
+from prismatic.sim.libero.suites import NUM_STEPS_WAIT
 
 if TYPE_CHECKING:  # annotations only: the rollout imports the simulator layer
     from prismatic.sim.libero.rollout import EpisodeResult, RolloutSettings
@@ -48,11 +48,10 @@ def _row(successes: int, episodes: int) -> dict[str, Any]:
     return {"successes": successes, "episodes": episodes, "success_rate": rate, "ci95": [low, high]}
 
 
-def summarize(
-    results: Sequence[EpisodeResult], instructions: Mapping[tuple[str, int], str]
-) -> dict[str, Any]:
+def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
     """Per-task and overall rows, and one record per episode (in the order they were asked for)."""
     table = success_table(results)
+    instructions = {(r.spec.suite, r.spec.task_id): r.instruction for r in results}
     tasks = [
         {"suite": suite, "task_id": task_id, "instruction": instructions[(suite, task_id)], **_row(*counts)}
         for (suite, task_id), counts in sorted(table.items())
@@ -75,7 +74,7 @@ def summarize(
     return {"tasks": tasks, "overall": _row(wins, len(results)), "episodes": episodes}
 
 
-def protocol_record(settings: RolloutSettings, suite: str) -> dict[str, Any]:
+def protocol_record(settings: RolloutSettings) -> dict[str, Any]:
     """The protocol an evaluation ran with, as the report records it (so two reports can be compared)."""
     return {
         "unnorm_key": settings.unnorm_key,
@@ -84,7 +83,7 @@ def protocol_record(settings: RolloutSettings, suite: str) -> dict[str, Any]:
         "num_images": settings.num_images,
         "proprio": settings.use_proprio,
         "open_loop_steps": settings.open_loop_steps,
-        "max_steps": settings.max_steps or LIBERO_SUITES[suite],
+        "max_steps": settings.max_steps,
         "num_steps_wait": NUM_STEPS_WAIT,
     }
 

@@ -31,7 +31,7 @@ from prismatic.sim.libero.actions import ActionSource, PolicyQuery
 from prismatic.sim.libero.env import LiberoObservation
 from prismatic.sim.libero.pool import EnvPool, EpisodeSpec
 from prismatic.sim.libero.protocol import gripper_to_env, policy_image
-from prismatic.sim.libero.suites import DUMMY_ACTION, LIBERO_SUITES, NUM_STEPS_WAIT
+from prismatic.sim.libero.suites import DUMMY_ACTION, NUM_STEPS_WAIT
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class RolloutSettings:
     num_images: int = 1  # 1: the agent view; 2: also the wrist camera
     use_proprio: bool = False  # send OFT's 8-d state (eef position, axis-angle, gripper qpos)
     open_loop_steps: int = 1  # actions of each chunk executed before the next query (the chunk size)
-    max_steps: int | None = None  # policy steps per episode; None: the suite's (OpenVLA's table)
+    max_steps: int = 220  # policy steps per episode (OpenVLA's table: the suite's, `suites.LIBERO_SUITES`)
     keep_frames: bool = False  # keep each step's agent-view frame (for videos)
 
 
@@ -55,6 +55,7 @@ class EpisodeResult:
     """One finished episode."""
 
     spec: EpisodeSpec
+    instruction: str  # the task's language instruction, as the policy was prompted
     success: bool
     steps: int  # simulator steps taken, the settling steps included
     error: str | None = None  # the simulator error that ended it, if any
@@ -67,6 +68,7 @@ class EpisodeResult:
 @dataclass
 class _Running:
     spec: EpisodeSpec
+    instruction: str
     observation: LiberoObservation
     started: float
     t: int = 0
@@ -96,12 +98,12 @@ def run_episodes(
     pending = deque(enumerate(episodes))
     running: dict[int, tuple[int, _Running]] = {}  # simulator slot -> (episode index, state)
     results: dict[int, EpisodeResult] = {}
-    instructions: dict[tuple[str, int], str] = {}
 
     def finish(slot: int, success: bool, error: str | None = None) -> None:
         index, state = running.pop(slot)
         result = EpisodeResult(
             state.spec,
+            state.instruction,
             success,
             state.t,
             error,
@@ -120,11 +122,9 @@ def run_episodes(
             starts = {slot: pending.popleft() for slot in free}
             observations = pool.reset({slot: spec for slot, (_, spec) in starts.items()})
             for slot, (index, spec) in starts.items():
-                running[slot] = (index, _Running(spec, observations[slot], time.perf_counter()))
-                key = (spec.suite, spec.task_id)
-                if key not in instructions:
-                    instructions[key] = pool.language(spec.suite, spec.task_id)
-        _refill_queues(running, source, settings, instructions)
+                instruction = pool.language(spec.suite, spec.task_id)
+                running[slot] = (index, _Running(spec, instruction, observations[slot], time.perf_counter()))
+        _refill_queues(running, source, settings)
         actions = {slot: _next_action(state, settings) for slot, (_, state) in running.items()}
         for slot, action in actions.items():
             running[slot][1].digest.update(np.ascontiguousarray(action, dtype=np.float64).tobytes())
@@ -138,26 +138,19 @@ def run_episodes(
             state.observation = outcome.observation
             if outcome.success:
                 finish(slot, True)
-            elif state.t >= _max_steps(state.spec, settings) + NUM_STEPS_WAIT:
+            elif state.t >= settings.max_steps + NUM_STEPS_WAIT:
                 finish(slot, False)
     return [results[i] for i in range(len(episodes))]
 
 
-def _max_steps(spec: EpisodeSpec, settings: RolloutSettings) -> int:
-    return settings.max_steps if settings.max_steps is not None else LIBERO_SUITES[spec.suite]
-
-
 def _refill_queues(
-    running: dict[int, tuple[int, _Running]],
-    source: ActionSource,
-    settings: RolloutSettings,
-    instructions: dict[tuple[str, int], str],
+    running: dict[int, tuple[int, _Running]], source: ActionSource, settings: RolloutSettings
 ) -> None:
     """One policy call for every episode past its settling steps whose chunk is used up."""
     asking = [s for _, s in running.values() if s.t >= NUM_STEPS_WAIT and not s.queue]
     if not asking:
         return
-    queries = [_query(s.observation, instructions[(s.spec.suite, s.spec.task_id)], settings) for s in asking]
+    queries = [_query(s.observation, s.instruction, settings) for s in asking]
     for state, chunk in zip(asking, source.act(queries, settings.unnorm_key), strict=True):
         state.queue.extend(gripper_to_env(chunk[: settings.open_loop_steps]))
 

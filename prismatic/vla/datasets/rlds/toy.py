@@ -41,7 +41,12 @@ import numpy as np
 
 from prismatic.vla.datasets.rlds.configs import LIBERO_SUITES
 from prismatic.vla.datasets.rlds.discovery import import_tfds
-from prismatic.vla.datasets.rlds.writer import rlds_step_features, rlds_step_flags, write_rlds_dataset
+from prismatic.vla.datasets.rlds.writer import (
+    rlds_episode_features,
+    rlds_step_features,
+    rlds_step_flags,
+    write_rlds_dataset,
+)
 
 TOY_VERSION = "1.0.0"
 IMAGE_SIZE = 64
@@ -222,7 +227,7 @@ def _features(tfds: Any, name: str) -> Any:
             **rlds_fields,
         }
         metadata = {"file_path": f.Text(), "instruction": f.Text()}
-    return f.FeaturesDict({"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict(metadata)})
+    return rlds_episode_features(f, step, metadata)
 
 
 @functools.cache
@@ -418,9 +423,7 @@ def libero_toy_features(tfds: Any) -> Any:
         "language_instruction": f.Text(),
         **rlds_step_features(f),
     }
-    return f.FeaturesDict(
-        {"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict({"file_path": f.Text()})}
-    )
+    return rlds_episode_features(f, step)
 
 
 def build_libero_toy_datasets(

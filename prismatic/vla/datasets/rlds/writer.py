@@ -46,6 +46,13 @@ def rlds_step_features(f: Any) -> dict[str, Any]:
     }
 
 
+def rlds_episode_features(f: Any, step: dict[str, Any], metadata: dict[str, Any] | None = None) -> Any:
+    """An RLDS episode's feature spec: its `steps` (each `step`, which should include `rlds_step_features`) and
+    `episode_metadata` (`metadata`, default just the episode's `file_path`)."""
+    metadata = metadata if metadata is not None else {"file_path": f.Text()}
+    return f.FeaturesDict({"steps": f.Dataset(step), "episode_metadata": f.FeaturesDict(metadata)})
+
+
 def rlds_step_flags(t: int, num_steps: int) -> dict[str, Any]:
     """Values of those fields for step `t` of an episode that succeeds at its last step (reward 1 there)."""
     last = t == num_steps - 1
