@@ -4,6 +4,8 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
     make bench-gpu                                   # one GPU: the 7B and ~1B cases, before/after the speed flags
     python benchmarks/bench_gpu.py --device cpu      # the tiny ids on CPU (what CI runs)
     python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --peak_tflops 989
+    python benchmarks/bench_gpu.py --cases lora-7b --no_predict \
+        --variants new new+sac-ops new+no-ac new+compile+sac-ops new+live-data new+prefetch   # each means alone
     python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --no_predict --print_losses \
         --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
 
@@ -12,8 +14,11 @@ for modules gradients flow through, 2 x for those they do not; attention's own F
 the device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory and host syncs per step (counted
 with `torch.cuda.set_sync_debug_mode`: each synchronising call warns once per occurrence). Each case runs under
 `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask, eager), `new`
-the defaults (`auto`), `new+compile` adds `--vla.compile`. Frames come from the project's own batch transform and
-collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data on disk. The set-up is
+the defaults (`auto`); `+compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data` and `+prefetch` add one means
+each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's own batch transform and collator on
+synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data on disk. Four batches are made
+once and cycled, except under `+live-data` (made on every step, on the loop's thread) and `+prefetch` (made by the
+prefetch thread), which time the data path too. The set-up is
 training's: `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()`
 (FSDP2 over a group of one, bf16, activation checkpointing on), then `train_loop` itself.
 """
@@ -21,7 +26,9 @@ training's: `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `ge
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import itertools
 import json
 import math
 import os
@@ -31,11 +38,13 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -54,6 +63,7 @@ from prismatic.training.strategies import get_train_strategy  # noqa: E402
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop  # noqa: E402
 from prismatic.util.dist import init_distributed  # noqa: E402
 from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
+from prismatic.vla.datasets.prefetch import prefetched  # noqa: E402
 from prismatic.vla.datasets.synthetic import INSTRUCTIONS, synthetic_batch  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, vendors' datasheets, without sparsity), matched on the device name.
@@ -84,7 +94,29 @@ CPU_CASES = {
     "l1-chunk-tiny": Case("l1-chunk-tiny", "tiny-vit+tiny-llama", False, 4, head="l1-chunk", chunk_size=4),
     "full-tiny": Case("full-tiny", "tiny-vit+tiny-llama", False, 4, accumulation=2),
 }
-VARIANTS = ("before", "new", "new+compile")
+VARIANT_BASES = ("before", "new")
+# `+name` after a base adds one means on top of it (e.g. `new+compile+sac-ops`): VLAConfig fields it sets.
+MODIFIERS: dict[str, dict[str, Any]] = {
+    "compile": {"compile": True},
+    "sac-ops": {"checkpointing_policy": "selective-ops"},
+    "every-2": {"checkpointing_policy": "every-2"},
+    "no-ac": {"enable_gradient_checkpointing": False},
+    "live-data": {},  # batches made by the transform and collator on every step, on the loop's thread
+    "prefetch": {"prefetch_batches": 2},  # the same live batches, made by the prefetch thread
+}
+
+
+def parse_variant(variant: str) -> tuple[bool, dict[str, Any], bool]:
+    """`before` / `new` plus `+modifier`s -> (before, VLAConfig overrides, live batches)."""
+    base, *mods = variant.split("+")
+    unknown = [m for m in mods if m not in MODIFIERS]
+    if base not in VARIANT_BASES or unknown:
+        raise SystemExit(
+            f"bench_gpu: unknown variant '{variant}': a base ({', '.join(VARIANT_BASES)}) followed by any of "
+            f"+{', +'.join(MODIFIERS)}."
+        )
+    overrides = {k: v for m in mods for k, v in MODIFIERS[m].items()}
+    return base == "before", overrides, "live-data" in mods or "prefetch" in mods
 
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:
@@ -125,7 +157,7 @@ def random_vlm(base_vlm: str, device: torch.device, tokenizer_dir: Path) -> Pris
 
 
 def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None = None) -> VLAConfig:
-    before = variant == "before"
+    before, variant_overrides, _ = parse_variant(variant)
     vla = VLAConfig(
         base_vlm=case.base_vlm,
         use_lora=case.use_lora,
@@ -139,9 +171,8 @@ def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None 
         optimizer_impl="for-loop" if before else "auto",
         logits_at_labels="off" if before else "auto",
         causal_mask_only="off" if before else "auto",
-        compile=variant.endswith("+compile"),
     )
-    for name, value in (overrides or {}).items():
+    for name, value in {**variant_overrides, **(overrides or {})}.items():
         setattr(vla, name, value)
     vla.check_values()
     return vla
@@ -211,6 +242,18 @@ class _NoCheckpoints:
     def wait(self) -> None: ...
 
 
+class SyntheticBatches(IterableDataset):
+    """Endless collated batches from the project's transform and collator, made when asked for (seeds cycle
+    through 0-3, so every variant trains on the same 4 batches)."""
+
+    def __init__(self, vlm: PrismaticVLM, head: Any, batch_size: int) -> None:
+        self.vlm, self.head, self.batch_size = vlm, head, batch_size
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in itertools.count():
+            yield synthetic_batch(self.vlm, self.head, self.batch_size, seed=i % 4)
+
+
 def _count_syncs(fn: Any) -> int:
     """Host syncs `fn` triggers on CUDA (0 on CPU, where nothing waits for a device)."""
     if not torch.cuda.is_available():
@@ -243,28 +286,24 @@ def run_training_case(
     vlm.attach_action_modules(spec)
     head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
     head.logits_at_labels = vla.speed_option("logits_at_labels", device)
-    with torch.device("cpu"):
-        batches = [synthetic_batch(vlm, head, case.batch, seed=i) for i in range(4)]
-    if device.type == "cuda":
-        batches = [
-            {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches
-        ]
-        for b in batches:
-            if isinstance(b["pixel_values"], dict):
-                b["pixel_values"] = {k: v.pin_memory() for k, v in b["pixel_values"].items()}
+    _, _, live = parse_variant(variant)
+    # The loader training uses (pinning on CUDA) over batches made when due; or 4 batches made once, cycled.
+    loader = DataLoader(
+        SyntheticBatches(vlm, head, case.batch), batch_size=None, pin_memory=device.type == "cuda"
+    )
+    batches = list(itertools.islice(iter(loader), 4))
     flops_per_sample = model_flops_per_sample(vlm, batches[0])
 
     strategy = get_train_strategy(vlm, vla, dist_info, grad_sync="auto")
     strategy.setup(vla.max_steps)
 
-    def stream():
-        i = 0
-        while True:
-            yield batches[i % len(batches)]
-            i += 1
-
     times = _Times(args.print_losses)
-    stream_iter = stream()
+    stack = contextlib.ExitStack()
+    stream_iter = (
+        stack.enter_context(prefetched(loader, vla.prefetch_batches, device))
+        if live
+        else itertools.cycle(batches)
+    )
     hooks = LoopHooks(trackers=[times], checkpoints=_NoCheckpoints(), preemption=PreemptionHandler())
     metrics = StepMetrics(["synthetic"], head, device)
     counters = {"step": 0, "epoch": 0, "frames": 0}
@@ -281,6 +320,7 @@ def run_training_case(
         torch.cuda.reset_peak_memory_stats(device)
     syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
     steps(args.warmup + 1, args.warmup + 1 + args.steps)
+    stack.close()
     step_s = statistics.median(times.steps[-args.steps :])
     samples_per_s = case.batch * case.accumulation / step_s
     tflops = flops_per_sample * samples_per_s / 1e12
@@ -345,10 +385,13 @@ def run_predict(
 
     results = []
     image = images(1)[0]
-    modes = {"KV cache, static + CUDA graphs": (True, True), "KV cache, dynamic": (True, False)}
-    modes["re-running"] = (False, False)
-    for mode, (use_cache, static) in modes.items():
-        policy.static_cache = static
+    # (use_cache, static cache, compiled steps) per mode; the compiled one last: its graphs stay in the process.
+    modes = {"KV cache, static + CUDA graphs": (True, True, False), "KV cache, dynamic": (True, False, False)}
+    modes["re-running"] = (False, False, False)
+    if args.compiled_decoding:
+        modes["KV cache, static + CUDA graphs, compiled"] = (True, True, True)
+    for mode, (use_cache, static, compiled) in modes.items():
+        policy.static_cache, policy.compile_decoding = static, compiled
 
         def one(use_cache: bool = use_cache) -> None:
             policy.decode_batch([image], [INSTRUCTIONS[0]], "bench", use_cache=use_cache)
@@ -365,8 +408,11 @@ def run_predict(
     for batch_size in args.predict_batch_sizes:
         batch_images = images(batch_size)
         instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)]
-        for mode, static in (("static + CUDA graphs", True), ("dynamic", False)):
-            policy.static_cache = static
+        batch_modes = [("static + CUDA graphs", True, False), ("dynamic", False, False)]
+        if args.compiled_decoding:
+            batch_modes.append(("static + CUDA graphs, compiled", True, True))
+        for mode, static, compiled in batch_modes:
+            policy.static_cache, policy.compile_decoding = static, compiled
 
             def many(batch_images: list = batch_images, instructions: list = instructions) -> None:
                 policy.predict_action_batch(batch_images, instructions, "bench")
@@ -386,7 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cases", nargs="*", default=None, help="default: every case of the device kind")
-    parser.add_argument("--variants", nargs="*", default=None, choices=VARIANTS, help="default: before new")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=None,
+        help=f"default: before new; a base ({', '.join(VARIANT_BASES)}) and any of +{', +'.join(MODIFIERS)}",
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per case")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--peak_tflops", type=float, default=None, help="the device's dense bf16 peak")
@@ -397,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
         "--predict_batch_sizes", type=int, nargs="*", default=None, help="default 1 16 64 (CPU 1 4)"
     )
     parser.add_argument("--no_predict", action="store_true")
+    parser.add_argument(
+        "--compiled_decoding",
+        type=lambda v: v.lower() in ("1", "true", "yes"),
+        default=None,
+        help="also time the policy's compiled static decoding (default: on GPU only; CPU compiles C++ first)",
+    )
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="NAME=VALUE", help="VLAConfig overrides for every case"
     )
@@ -424,7 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     variants = args.variants or ["before", "new"]
+    for variant in variants:
+        parse_variant(variant)  # a typo fails before any model is built
     args.predict_batch_sizes = args.predict_batch_sizes or ([1, 16, 64] if on_gpu else [1, 4])
+    args.compiled_decoding = on_gpu if args.compiled_decoding is None else args.compiled_decoding
     predict_id = args.predict_base_vlm or ("prism-dinosiglip-224px+7b" if on_gpu else "tiny-vit+tiny-llama")
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -25,7 +25,7 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         "l1-chunk-tiny",
         "--variants",
         "before",
-        "new",
+        "new+sac-ops+prefetch",
         "--steps",
         "2",
         "--warmup",
@@ -49,9 +49,9 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
     training = [r for r in results if "variant" in r]
     assert [(r["case"], r["variant"]) for r in training] == [
         ("lora-tiny", "before"),
-        ("lora-tiny", "new"),
+        ("lora-tiny", "new+sac-ops+prefetch"),
         ("l1-chunk-tiny", "before"),
-        ("l1-chunk-tiny", "new"),
+        ("l1-chunk-tiny", "new+sac-ops+prefetch"),
     ]
     for r in training:
         assert r["ms_per_step"] > 0 and r["model_tflops"] > 0 and math.isfinite(r["last_loss"])
@@ -60,8 +60,10 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
             or abs(r["samples_per_s"] - 4000 / r["ms_per_step"]) < 0.05 * r["samples_per_s"]
         )
         assert r["host_syncs_per_step"] == 0 and r["mfu_pct"] is None  # CPU: no device to wait for, no peak
-    # The same seed and batches: the speed flags off and on train to the same loss on CPU ("auto" = off there).
+    # The same seed and batches: the speed flags off and on train to the same loss on CPU ("auto" = off there;
+    # selective checkpointing recomputes the same numbers; the prefetch thread makes the same batches).
     assert training[0]["last_loss"] == training[1]["last_loss"]
+    assert training[2]["last_loss"] == training[3]["last_loss"]
     # --print_losses: one line per step (1 warm-up + 1 sync-count + 2 timed) per case and variant; the last one of
     # each run is the loss it reports.
     step_lines = [line for line in done.stdout.splitlines() if line.strip().startswith("step ")]
@@ -100,3 +102,18 @@ def test_model_flops_follow_the_stated_rule() -> None:
     llm_tokens = 8 + vlm.num_prefix_tokens  # mean of 10 and 6 text tokens, plus the patches
     expected = 2 * vision * vlm.num_patches + 6 * projector * vlm.num_patches + 6 * llm * llm_tokens
     assert model_flops_per_sample(vlm, batch) == expected
+
+
+def test_bench_gpu_refuses_an_unknown_variant_before_building_anything(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks/bench_gpu.py"),
+        "--device",
+        "cpu",
+        "--variants",
+        "new+turbo",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "unknown variant 'new+turbo'" in done.stderr and "+sac-ops" in done.stderr
+    assert "bench_gpu on" not in done.stdout  # refused before the run started

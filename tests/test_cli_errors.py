@@ -162,6 +162,18 @@ CASES = [
     ),
     Case("warmup-range", "train", (*TINY, "--vla.warmup_ratio", "1.5"), ("--vla.warmup_ratio=1.5", "[0, 1)")),
     Case(
+        "checkpointing-policy",
+        "train",
+        (*TINY, "--vla.checkpointing_policy", "every-0"),
+        ("Unknown checkpointing_policy 'every-0'", "full, selective-ops, every-N (N >= 1)"),
+    ),
+    Case(
+        "negative-prefetch",
+        "train",
+        (*TINY, "--vla.prefetch_batches", "-1"),
+        ("--vla.prefetch_batches=-1 is out of range", ">= 0"),
+    ),
+    Case(
         "unknown-scheduler",
         "train",
         (*TINY, "--vla.lr_scheduler_type", "cosine"),

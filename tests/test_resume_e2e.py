@@ -117,9 +117,10 @@ def test_kill_9_mid_save_then_sigterm_then_resume_reproduce_the_uninterrupted_ru
     original_config = (run_dir / "config.yaml").read_text()
 
     # 2. Resumed, then SIGTERM (what a cluster sends; the launcher and its workers get it): every rank finishes its
-    # step, saves and exits.
+    # step, saves and exits. This part makes its batches on the prefetch thread, ahead of the loop: the data
+    # snapshot it saves must still be where the loop stands (step 3 resumes it without the thread).
     log = tmp_path / "preempted.log"
-    proc = start_train([*args, "--resume"], log)
+    proc = start_train([*args, "--resume", "--vla.prefetch_batches", "2"], log)
     # The signal arrives as the loop starts (its first line logged): the run stops after the step it is in.
     wait_for(
         lambda: f"Training steps {killed_at + 1} to {STEPS}" in log.read_text(errors="replace"), proc, log

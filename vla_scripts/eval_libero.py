@@ -68,6 +68,7 @@ class EvalLiberoConfig:
     device: str | None = None  # default: cuda if a GPU is available, else cpu
     dtype: str | None = None  # float32 / bfloat16 / float16; default bf16 on GPU, fp32 on CPU
     hf_token: str | None = None  # for gated Hub repos
+    compile_decoding: bool = False  # torch.compile the static-cache decode steps (with --checkpoint)
 
     def __post_init__(self) -> None:
         if (self.checkpoint is None) == (self.policy_url is None):
@@ -124,6 +125,7 @@ def open_source(cfg: EvalLiberoConfig) -> Any:
     from prismatic.inference import load_policy
 
     policy = load_policy(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, hf_token=cfg.hf_token)
+    policy.compile_decoding = cfg.compile_decoding
     return InProcessSource(policy, policy.trained_with_image_aug)
 
 

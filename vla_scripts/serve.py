@@ -57,6 +57,7 @@ class ServeConfig:
     max_wait_ms: float = 5.0  # longest wait for more requests after the first one of a batch
     max_request_mb: float = 64.0  # larger request bodies are refused (413)
     access_log: bool = False  # log every request (uvicorn's access log)
+    compile_decoding: bool = False  # torch.compile the static-cache decode steps (start-up compiles them)
 
     def __post_init__(self) -> None:
         # A mistyped local path fails here, before torch loads (seconds); Hub / registry ids go to load_policy.
@@ -128,6 +129,7 @@ def serve(cfg: ServeConfig) -> None:
     from prismatic.inference.server import create_app
 
     policy = load_policy(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, hf_token=cfg.hf_token)
+    policy.compile_decoding = cfg.compile_decoding
     logger.info(
         "Loaded %s from %s on %s (%s); unnorm keys: %s",
         policy.model_id,

@@ -29,6 +29,16 @@ if typing.TYPE_CHECKING:
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay", "step-decay")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # --vla.optimizer_impl
 SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
+CHECKPOINTING_POLICIES = ("full", "selective-ops", "every-N (N >= 1)")  # --vla.checkpointing_policy
+
+
+def checkpointing_stride(policy: str) -> int | None:
+    """Every how many LLM decoder layers `--vla.checkpointing_policy` checkpoints one: N for `every-N`, 1 for
+    `full` and `selective-ops` (all of them); None when `policy` is none of its values."""
+    if policy in ("full", "selective-ops"):
+        return 1
+    digits = policy.removeprefix("every-")
+    return int(digits) if digits != policy and digits.isdecimal() and int(digits) >= 1 else None
 
 
 @dataclass
@@ -85,6 +95,7 @@ class VLAConfig(ChoiceRegistry):
 
     # Memory and precision
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
+    checkpointing_policy: str = "full"  # full, selective-ops (keeps matmul outputs) or every-N (Nth layers)
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
@@ -94,6 +105,7 @@ class VLAConfig(ChoiceRegistry):
     optimizer_impl: str = "auto"  # AdamW: auto (fused on CUDA), fused, foreach or for-loop
     logits_at_labels: str = "auto"  # tokens head: the LM head only at labelled positions (auto, on, off)
     causal_mask_only: str = "auto"  # right-padded batches drop their padding mask (auto, on, off)
+    prefetch_batches: int = 0  # batches made ahead on a background thread (transform, collate, pin); 0: off
     compile: bool = (
         False  # torch.compile each LLM decoder layer and ViT block (FSDP and checkpointing unchanged)
     )
@@ -159,6 +171,14 @@ class VLAConfig(ChoiceRegistry):
                     f"Unknown {name} '{value}' (--vla.{name}).{did_you_mean(value, choices)} Valid choices: "
                     f"{', '.join(choices)}."
                 )
+        if checkpointing_stride(self.checkpointing_policy) is None:
+            raise ConfigError(
+                f"Unknown checkpointing_policy '{self.checkpointing_policy}' (--vla.checkpointing_policy). full "
+                "recomputes every LLM decoder layer in the backward pass, selective-ops all of it but the matmul "
+                "and attention outputs, every-N the whole of layers 0, N, 2N, ... (N an integer >= 1)."
+                f"{did_you_mean(self.checkpointing_policy, CHECKPOINTING_POLICIES[:2])} Valid choices: "
+                f"{', '.join(CHECKPOINTING_POLICIES)}."
+            )
         for name in (
             "per_device_batch_size",
             "global_batch_size",
@@ -183,6 +203,11 @@ class VLAConfig(ChoiceRegistry):
                 "--vla.lr_scheduler_type step-decay needs --vla.num_steps_before_decay: the optimiser steps at the "
                 "peak learning rate before it drops to a tenth (OpenVLA-OFT's LIBERO recipe: 100000). Pass it, or "
                 "choose another schedule: constant or linear-warmup+cosine-decay."
+            )
+        if self.prefetch_batches < 0:
+            raise ConfigError(
+                f"--vla.prefetch_batches={self.prefetch_batches} is out of range: it must be an integer >= 0 (the "
+                "batches a background thread makes ahead of the training step; 0 makes them on the step's thread)."
             )
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(

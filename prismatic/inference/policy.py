@@ -137,6 +137,9 @@ class VLAPolicy:
         # Token heads on CUDA decode over a static KV cache replayed from CUDA graphs (None: where supported);
         # False keeps the dynamic cache (`prismatic.models.static_decoding`; the ids are the same).
         self.static_cache: bool | None = None
+        # With the static cache, `torch.compile` its prefill and decode step before capture (fused kernels; off
+        # until measured on a GPU: the first request of each shape compiles, tens of seconds).
+        self.compile_decoding = False
         # Whether training augmented images (random crops): evaluations then centre-crop (OpenVLA's protocol).
         # None where the checkpoint does not record it (HF folders, Hub ids).
         self.trained_with_image_aug: bool | None = None
@@ -361,6 +364,7 @@ class VLAPolicy:
             constrained=self.constrained if constrained is None else constrained,
             use_cache=use_cache,
             static_cache=self.static_cache,
+            compile_steps=self.compile_decoding,
         )
         predicted = self.head.predict(self.vlm, request)
         actions = self.unnormalize(predicted.normalized, resolved)

@@ -105,6 +105,7 @@ def greedy_decode(
     use_cache: bool = True,
     proprio: torch.Tensor | None = None,
     static_cache: bool | None = None,
+    compile_steps: bool = False,
 ) -> GreedyTokens:
     """Greedily decode `num_tokens` tokens for each of B prompts (each starting with BOS) and images.
 
@@ -120,6 +121,9 @@ def greedy_decode(
         static_cache: with `use_cache`, decode over a static KV cache with each step replayed from a CUDA graph
             (`prismatic.models.static_decoding`; same ids). None: on CUDA where the model supports it. On CPU it
             runs the same steps eagerly (tests).
+        compile_steps: on the static cache, `torch.compile` the prefill and the decode step before capturing
+            them: the same operations in fewer, fused kernels (ids pinned equal in FP32 on CPU; fused kernels may
+            round differently in the last bits). Where compiling fails: one WARNING, and uncompiled decoding.
 
     Returns:
         The chosen ids and their log-probabilities, `[B, num_tokens]` each.
@@ -151,10 +155,9 @@ def greedy_decode(
             proprio,
             num_tokens,
             pad_id,
-            choose,
-            allowed_ids,
-            keep_last,
-            use_graph=device.type == "cuda",
+            static_decoding.StepOptions(
+                choose, allowed_ids, keep_last, use_graph=device.type == "cuda", compile_steps=compile_steps
+            ),
         )
         return GreedyTokens(ids.cpu(), logprobs.cpu())
     embeds, mask = prompt()

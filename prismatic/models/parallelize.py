@@ -4,16 +4,40 @@ checkpointing. The training strategies call these; they know nothing about the m
 
 from __future__ import annotations
 
+import functools
+import logging
+from typing import Any
+
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
-    apply_activation_checkpointing,
+    CheckpointWrapper,
     checkpoint_wrapper,
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from prismatic.conf.vla import CHECKPOINTING_POLICIES, checkpointing_stride
 from prismatic.models.vlms.prismatic import PrismaticVLM
+
+logger = logging.getLogger(__name__)
+
+# `selective-ops` keeps these ops' outputs: the matmuls (nn.Linear is addmm / mm, batched attention scores bmm) and
+# the fused attention kernels, which hold nearly all of a layer's FLOPs. Everything else (norms, rotary, SiLU,
+# residual adds, softmax) is elementwise or a reduction: cheap to recompute, and most of the activation memory.
+_SELECTIVE_SAVED_OPS = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten.baddbmm.default,
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    }
+)
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -101,14 +125,50 @@ def format_param_bytes(report: dict[str, dict[str, int]]) -> str:
     )
 
 
-def apply_llm_activation_checkpointing(vlm: PrismaticVLM) -> None:
-    """Recompute each LLM decoder layer's activations in the backward pass (must precede `apply_fsdp`)."""
-    layer_ids = {id(layer) for layer in vlm.llm_backbone.get_layers()}
-    apply_activation_checkpointing(
-        vlm.llm_backbone,
-        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda m: id(m) in layer_ids,
+def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """The op-level policy of `selective-ops`: keep the outputs of `_SELECTIVE_SAVED_OPS`, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in _SELECTIVE_SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class SelectiveCheckpointWrapper(CheckpointWrapper):
+    """A decoder layer under `selective-ops`: torch's non-reentrant checkpoint with the op-level policy
+    `_save_matmuls`. Its own class so that `compile_blocks` can tell it apart: it compiles this wrapper whole, as
+    only the compiler's partitioner honours an op-level policy inside a compiled layer."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        context_fn = functools.partial(create_selective_checkpoint_contexts, _save_matmuls)
+        super().__init__(module, CheckpointImpl.NO_REENTRANT, context_fn=context_fn)
+
+
+def apply_llm_activation_checkpointing(vlm: PrismaticVLM, policy: str = "full") -> int:
+    """Recompute LLM decoder layers' activations in the backward pass, as `policy` (`--vla.checkpointing_policy`)
+    says: `full` every layer whole; `selective-ops` every layer but the outputs of its matmuls and attention
+    kernels, which are kept (their FLOPs are not paid twice; the elementwise activations are not stored);
+    `every-N` the whole of layers 0, N, 2N, ...; the others keep all their activations.
+
+    Each chosen layer is replaced by a non-reentrant `CheckpointWrapper` around it, whose state-dict hooks keep the
+    checkpoint keys. Call before `compile_blocks` and `apply_fsdp`. Returns the number of layers wrapped.
+
+    Raises:
+        ValueError: `policy` is none of `--vla.checkpointing_policy`'s values (the config refuses those first).
+    """
+    every = checkpointing_stride(policy)
+    if every is None:
+        raise ValueError(
+            f"Unknown checkpointing policy {policy!r}: valid are {', '.join(CHECKPOINTING_POLICIES)}."
+        )
+    wrap = SelectiveCheckpointWrapper if policy == "selective-ops" else checkpoint_wrapper
+    layers = vlm.llm_backbone.get_layers()
+    chosen = range(0, len(layers), every)
+    for index in chosen:
+        layers[index] = wrap(layers[index])
+    logger.info(
+        "Activation checkpointing (%s): %d of %d LLM decoder layers checkpointed",
+        policy,
+        len(chosen),
+        len(layers),
     )
+    return len(chosen)
 
 
 def compile_blocks(vlm: PrismaticVLM) -> int:
@@ -118,15 +178,18 @@ def compile_blocks(vlm: PrismaticVLM) -> int:
     Per block, not the whole model (torchtitan's way): the blocks of a stack share one compiled graph, and a graph
     break in the glue between blocks costs nothing. Only `forward` is compiled, never the module's call: FSDP2's
     per-block hooks (all-gather, reduce-scatter, and their CUDA stream waits) and the activation-checkpointing
-    wrapper run outside the graph, as without compilation. Call after activation checkpointing and before
-    `apply_fsdp`.
+    wrapper run outside the graph, as without compilation. Except a `SelectiveCheckpointWrapper`: it is compiled
+    with its layer, as only the compiler applies an op-level policy inside a compiled graph (outside, the policy does
+    not reach into the compiled layer, whose backward then re-runs as many matmuls as under `full`, or more). Call
+    after activation checkpointing and before `apply_fsdp`.
     """
     unused = {id(module) for module in vlm.vision_backbone.unused_modules()}
     blocks = [block for block in vlm.vision_backbone.get_blocks() if id(block) not in unused]
     blocks += list(vlm.llm_backbone.get_layers())
     for block in blocks:
         inner = getattr(block, "_checkpoint_wrapped_module", block)
-        inner.forward = torch.compile(inner.forward)
+        target = block if isinstance(block, SelectiveCheckpointWrapper) else inner
+        target.forward = torch.compile(target.forward)
     return len(blocks)
 
 

@@ -16,6 +16,13 @@ run eagerly, and on GPU in bf16 by tests/gpu). Where the installed transformers'
 write position as a tensor (`cumulative_length`), or where the model has sliding-window layers (Mistral),
 `supported` says no and the dynamic path runs; a shape whose capture fails (an operation that waits for the
 host) runs the same functions eagerly.
+
+Replayed, a 7B step still runs ~1,000 small unfused kernels (RMSNorm, RoPE, SiLU, residual adds, cache writes:
+~17 of the 65 ms of an action on an H100). With `compile_steps` the two functions are compiled by `torch.compile`
+(inductor, whole graph, static shapes; one compiled callable per shape, kept with its decoder) after the first,
+eager call of each shape, run once (compiling them, never inside a capture), then captured, so the graphs replay
+inductor's fused kernels. Where compiling fails, the model keeps the uncompiled functions (one WARNING); on CPU
+the compiled functions run without graphs (tests).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +49,22 @@ CACHE_BUCKET = 32  # cache lengths are multiples of this
 MAX_GRAPHS = 4  # per model: each holds a static KV cache (B x layers x 2 x heads x length x head_dim)
 
 Choose = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+COMPILED = ("prefill", "step")  # what `compile_steps` compiles (CPU tests: the step only, faster to compile)
+COMPILE_FAILED = "_static_compile_failed"  # set on a model (its `__dict__`) whose functions failed to compile
+_COMPILE_ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters  # torch >= 2.14
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How `greedy_decode`'s prefill and steps run here: `choose` picks the next ids from the last logits
+    (`choose_key` names its behaviour, its id range, which graphs and compiled code bake in); `keep_last` asks the
+    LM head for the last position only; `use_graph` captures CUDA graphs; `compile_steps` compiles first."""
+
+    choose: Choose
+    choose_key: Any
+    keep_last: dict[str, int]
+    use_graph: bool
+    compile_steps: bool = False
 
 
 def _static_cache(llm: torch.nn.Module, max_len: int) -> Any:
@@ -86,21 +111,14 @@ def _copy_into(target: Any, value: Any) -> None:
 
 class StaticDecoder:
     """One shape of static decoding (batch size, prompt and cache lengths): the cache, the static inputs and
-    outputs, and the two graphs."""
+    outputs, and the two functions as they run (compiled or not) and their graphs."""
 
-    def __init__(
-        self,
-        vlm: PrismaticVLM,
-        choose: Choose,
-        shape: tuple[int, int, int, int],
-        keep_last: dict[str, int],
-        use_graph: bool,
-    ) -> None:
-        self.vlm, self.llm, self.choose, self.use_graph = vlm, vlm.llm_backbone.llm, choose, use_graph
+    def __init__(self, vlm: PrismaticVLM, shape: tuple[int, int, int, int], options: StepOptions) -> None:
+        self.vlm, self.llm, self.options, self.choose = vlm, vlm.llm_backbone.llm, options, options.choose
         batch_size, text_len, seq_len, max_len = shape
         self.seq_len, self.max_len = seq_len, max_len
         self.cache = _static_cache(self.llm, max_len)
-        self.model_kwargs = {cache_kwarg(self.llm): self.cache, "use_cache": True, **keep_last}
+        self.model_kwargs = {cache_kwarg(self.llm): self.cache, "use_cache": True, **options.keep_last}
         device = self.llm.get_input_embeddings().weight.device
         # Inputs of the prefill, refilled from each request (`load`).
         self.ids = torch.zeros((batch_size, text_len), dtype=torch.long, device=device)
@@ -123,7 +141,8 @@ class StaticDecoder:
             (batch_size, 1), dtype=torch.long, device=device
         )  # the new token's position
         self.slot = torch.zeros(1, dtype=torch.long, device=device)  # its cache slot
-        self.graphs: dict[str, torch.cuda.CUDAGraph | None] = {}
+        self.runs: dict[str, Callable[[], None]] = {}  # per function, once warmed up: compiled or not
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}  # per function, where captured
 
     def load(
         self,
@@ -177,31 +196,67 @@ class StaticDecoder:
         self.slot.add_(1)
 
     def _run(self, name: str, fn: Callable[[], None]) -> None:
-        """Replay `name`'s graph; the first time, run `fn` eagerly (warming its kernels up), then capture it."""
-        if not self.use_graph or self.graphs.get(name, False) is None:
-            fn()
-            return
+        """Replay `name`'s graph; the first time, run `fn` eagerly (warming its kernels up and allocating the
+        cache), compile it (`compile_steps`), then capture it (on CUDA)."""
         graph = self.graphs.get(name)
         if graph is not None:
             graph.replay()
             return
-        fn()  # the real call, eager; capturing below records without running
-        state = [t.clone() for t in (self.token, self.logprob, self.valid, self.position, self.slot)]
+        run = self.runs.get(name)
+        if run is not None:  # no graph: CPU, or a failed capture
+            run()
+            return
+        fn()  # the real call, eager: what follows runs on the state it leaves and restores it
+        run = self._compile(name, fn) if self.options.compile_steps and name in COMPILED else fn
+        if self.options.use_graph:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with self._state_kept(), torch.cuda.graph(graph):
+                    run()  # records without running
+                self.graphs[name] = graph
+            except RuntimeError as err:  # something in it waits for the host: keep this shape eager
+                logger.warning("CUDA graph capture of the %s failed (%s); it runs eagerly.", name, err)
+        self.runs[name] = run
+
+    @contextmanager
+    def _state_kept(self) -> Iterator[None]:
+        """Runs inside leave the decoding state (and the cache's write positions) as they found it: a warm-up or
+        a capture computes what the next real call computes again."""
+        state = (self.token, self.logprob, self.valid, self.position, self.slot)
+        saved = [t.clone() for t in state]
         lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
-                fn()
-        except RuntimeError as err:  # something in it waits for the host: keep this shape eager
-            logger.warning("CUDA graph capture of the %s failed (%s); it runs eagerly.", name, err)
-            graph = None
-        for target, value in zip(
-            (self.token, self.logprob, self.valid, self.position, self.slot), state, strict=True
-        ):
-            target.copy_(value)
-        for layer, length in zip(self.cache.layers, lengths, strict=True):
-            layer.cumulative_length.copy_(length)
-        self.graphs[name] = graph
+            yield
+        finally:
+            for target, value in zip(state, saved, strict=True):
+                target.copy_(value)
+            for layer, length in zip(self.cache.layers, lengths, strict=True):
+                layer.cumulative_length.copy_(length)
+
+    def _compile(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """`fn` compiled for this shape and run once (compiling it; never inside a capture), or `fn` where that
+        fails: the model then keeps the uncompiled functions, with one WARNING."""
+        if COMPILE_FAILED in self.vlm.__dict__:
+            return fn
+        # One compiled callable per shape, its recompiles counted apart from other shapes' where torch can (2.14:
+        # dynamo's limits are per code object otherwise): shapes come and go with `MAX_GRAPHS` decoders over a
+        # server's life. An older torch counts them together, and falls back here once past its limit.
+        isolate = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}
+        try:
+            compiled = torch.compile(fn, fullgraph=True, dynamic=False, **isolate)
+            with self._state_kept():
+                compiled()
+        except torch.OutOfMemoryError:
+            raise
+        except (
+            RuntimeError,
+            torch._dynamo.exc.FailOnRecompileLimitHit,
+        ) as err:  # dynamo's, inductor's errors
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            logger.warning("torch.compile of the %s failed (%s); decoding runs uncompiled.", name, reason)
+            self.vlm.__dict__[COMPILE_FAILED] = reason
+            return fn
+        return compiled
 
     def decode(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill, then `num_tokens - 1` steps: ids and log-probabilities `[B, num_tokens]` (on the device)."""
@@ -221,25 +276,22 @@ def static_decode(
     proprio: torch.Tensor | None,
     num_tokens: int,
     pad_id: int,
-    choose: Choose,
-    choose_key: Any,
-    keep_last: dict[str, int],
-    use_graph: bool,
+    options: StepOptions,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`greedy_decode` over a static cache: ids and log-probabilities `[B, num_tokens]` on the device.
 
-    The model keeps one `StaticDecoder` per shape (at most `MAX_GRAPHS`, least recently used dropped; they go
-    with the model). `choose_key` names `choose`'s behaviour (its id range), which its graphs bake in.
+    The model keeps one `StaticDecoder` per shape and options (at most `MAX_GRAPHS`, least recently used dropped;
+    they go with the model, and their graphs and compiled code with them).
     """
     ids, index, mask = layout(prompt_ids, vlm.num_prefix_tokens, pad_id, bucket=TEXT_BUCKET)
     seq_len = mask.shape[1]
     shape = (len(prompt_ids), ids.shape[1], seq_len, round_up(seq_len + num_tokens, CACHE_BUCKET))
     dtype = vlm.llm_backbone.llm.get_input_embeddings().weight.dtype
-    key = (shape, dtype, choose_key, use_graph, proprio is not None)
+    key = (shape, dtype, options.choose_key, options.use_graph, options.compile_steps, proprio is not None)
     kept = vlm.__dict__.setdefault("_static_decoders", OrderedDict())
     decoder = kept.get(key)
     if decoder is None:
-        decoder = StaticDecoder(vlm, choose, shape, keep_last, use_graph)
+        decoder = StaticDecoder(vlm, shape, options)
         kept[key] = decoder
         while len(kept) > MAX_GRAPHS:
             kept.popitem(last=False)

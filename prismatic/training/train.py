@@ -36,6 +36,7 @@ from prismatic.util.files import check_dir_writable
 from prismatic.util.logging import setup_logging
 from prismatic.vla.datasets import save_dataset_statistics
 from prismatic.vla.datasets.builders import build_statistics, build_train_data
+from prismatic.vla.datasets.prefetch import prefetched
 
 logger = logging.getLogger(__name__)
 
@@ -91,14 +92,17 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         show_progress=dist_info.is_main,
     )
     try:
-        with PreemptionHandler() as preemption:
+        with (
+            PreemptionHandler() as preemption,
+            prefetched(data.loader, cfg.vla.prefetch_batches, dist_info.device) as batches,
+        ):
             logger.info(
                 "Training steps %d to %d (SIGTERM or Ctrl-C: finish the step, save a checkpoint, exit)",
                 start_step + 1,
                 data.num_training_steps,
             )
             hooks = LoopHooks(trackers, checkpointer, preemption, validate)
-            last = train_loop(strategy, head, iter(data.loader), metrics, plan, checkpointer.counters, hooks)
+            last = train_loop(strategy, head, batches, metrics, plan, checkpointer.counters, hooks)
     except Preempted as stop:
         logger.warning(
             "Stopped by %s after step %d; checkpoint %s saved. Continue with the same command plus --resume.",

@@ -41,6 +41,7 @@ class DecodeRequest:
     constrained: bool = True  # token heads: decode only action-token ids
     use_cache: bool = True  # token heads: KV-cached decoding (False re-runs the sequence; same result)
     static_cache: bool | None = None  # token heads: CUDA-graph replay over a static cache (None: on CUDA)
+    compile_steps: bool = False  # token heads, static cache: torch.compile its prefill and step first
 
 
 @dataclass(frozen=True)

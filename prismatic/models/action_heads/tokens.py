@@ -149,6 +149,7 @@ class TokenActionHead(ActionHead):
             allowed_ids=action_ids if request.constrained else None,
             use_cache=request.use_cache,
             static_cache=request.static_cache,
+            compile_steps=request.compile_steps,
             proprio=request.proprio,
         )
         token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()

@@ -74,7 +74,7 @@ class TrainingStrategy(ABC):
         """Activation checkpointing, parallel wrapping (which also fills ranks that built the model on the meta
         device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
-            apply_llm_activation_checkpointing(self.vlm)
+            apply_llm_activation_checkpointing(self.vlm, self.vla.checkpointing_policy)
         if self.vla.compile:
             logger.info(
                 "torch.compile: %d blocks (compiled on their first forward)", compile_blocks(self.vlm)

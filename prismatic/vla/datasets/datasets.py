@@ -12,7 +12,9 @@ tens of KB whatever the buffer size. Frames leave tf.data in groups of `FRAMES_P
 one from before the group being yielded, with the count of its frames already yielded. All is keyed by a
 fingerprint of everything that defines the stream. `resume_from(n, dir)` restores that snapshot when it matches
 (re-reading one shuffle window: time set by the buffer size, independent of n), and otherwise falls back to
-skipping n frames (time linear in n).
+skipping n frames (time linear in n). A prefetch thread (`prefetch.py`) runs the iterator ahead of the training
+loop: it takes a `StreamMark` after each batch (`position_marker`) and the loop hands back the mark of each batch
+it takes (`mark_consumed`), so `frames_consumed` and a snapshot are where the loop is, not where the thread is.
 """
 
 from __future__ import annotations
@@ -80,6 +82,18 @@ def _restore_state(iterator: Any, path: Path) -> None:
     tf.raw_ops.DeserializeIterator(resource_handle=iterator._iterator_resource, serialized=tf.stack(parts))
 
 
+@dataclass(frozen=True)
+class StreamMark:
+    """A stream's position after some frame, as a snapshot records it; immutable, so a prefetch thread can take it
+    after each batch and hand it over with the batch (the captured state is a copy, not the live iterator)."""
+
+    state: Any  # `_capture_state` from before the group of frames being yielded (or the next one)
+    group_frames_yielded: int  # frames of that group already yielded: a resume fetches it again, drops them
+    group_size: int  # frames in that group (0 when none of it was yielded yet)
+    frames_consumed: int  # counted from the stream's start
+    start_sample: int  # of the dataset the iterator runs over: a restored iterator needs the same one
+
+
 @dataclass
 class _Stream:
     """One `iter()`'s position: the tf.data iterator over groups of frames, the group being yielded from (with the
@@ -108,11 +122,15 @@ class _Stream:
         self.frames_consumed += 1
         return frame
 
-    def position(self) -> tuple[Any, int]:
-        """(iterator state, frames of the group fetched after it already yielded): where a resume restarts."""
+    def mark(self) -> StreamMark:
+        """Where a resume restarts now. Call from the thread iterating `groups` (at a group's end it reads the
+        iterator's state: the one the next fetch would capture)."""
         if self.group is None or self.next_index >= len(self.group["action"]):
-            return _capture_state(self.groups), 0
-        return self.state_before_group, self.next_index
+            return StreamMark(_capture_state(self.groups), 0, 0, self.frames_consumed, self.start_sample)
+        group_size = len(self.group["action"])
+        return StreamMark(
+            self.state_before_group, self.next_index, group_size, self.frames_consumed, self.start_sample
+        )
 
 
 class RLDSDataset(IterableDataset):
@@ -148,6 +166,8 @@ class RLDSDataset(IterableDataset):
         # trainer whose loop has ended can still save it.
         self._stream: _Stream | None = None
         self._restored: _Stream | None = None  # what the next `iter()` continues, after a snapshot resume
+        # Where the consumer of a prefetching loader stands (`mark_consumed`), behind the live iterator.
+        self._consumed: StreamMark | None = None
         # Everything that defines this rank's stream (not where it started: a snapshot records that itself).
         self._fingerprint = json.loads(
             json.dumps(
@@ -192,7 +212,7 @@ class RLDSDataset(IterableDataset):
                 "RLDSDataset must be loaded with num_workers=0: each worker would repeat the stream."
             )
         stream, self._restored = self._restored or self._open_stream(self._start_sample), None
-        self._stream = stream
+        self._stream, self._consumed = stream, None
         return self._transformed(stream)
 
     def _transformed(self, stream: _Stream) -> Iterator[dict[str, Any]]:
@@ -202,9 +222,24 @@ class RLDSDataset(IterableDataset):
 
     @property
     def frames_consumed(self) -> int:
-        """Frames the current iterator has yielded, counted from the stream's start (any start offset included)."""
+        """Frames the current iterator has yielded (its consumer has taken, under `mark_consumed`), counted from the
+        stream's start (any start offset included)."""
+        if self._consumed is not None:
+            return self._consumed.frames_consumed
         stream = self._stream or self._restored
         return stream.frames_consumed if stream is not None else self._start_sample
+
+    def position_marker(self) -> Callable[[], StreamMark]:
+        """A function giving the latest iterator's position each time it is called, bound to that iterator (a
+        later `iter()` does not move it). Call it only from the thread iterating it (a prefetch thread: after each
+        batch it made), or before anything iterates it: at a group's end it reads the tf.data iterator's state."""
+        return (self._stream or self._restored or self._open_stream(self._start_sample)).mark
+
+    def mark_consumed(self, mark: StreamMark) -> None:
+        """Record that the consumer has taken every frame up to `mark` (one of the latest iterator's
+        `position_marker` marks): `frames_consumed` and `save_stream_state` then report it, not the iterator
+        running ahead, and read no state of that iterator. The next `iter()` or `resume_from` forgets it."""
+        self._consumed = mark
 
     # === Resume ===
 
@@ -214,7 +249,8 @@ class RLDSDataset(IterableDataset):
     def save_stream_state(self, directory: Path) -> None:
         """Write this rank's stream position into `directory` (created if needed), as `data-rankNNNNN.*`.
 
-        Call between frames; the live iterator continues unchanged. Files: `.tfdata.npz` (the tf.data iterator's
+        Call between frames; the live iterator continues unchanged. After `mark_consumed`, it writes the marked
+        position, and may be called while another thread iterates. Files: `.tfdata.npz` (the tf.data iterator's
         symbolic state from before the group of frames being yielded: cursors, no frames) and `.json`
         (fingerprint, `frames_consumed`, the frames of that group already yielded, file sizes), written last, so
         a crash mid-save leaves no state that loads. Per rank, not collective: every rank writes its own files
@@ -223,7 +259,7 @@ class RLDSDataset(IterableDataset):
         tf = import_tensorflow()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        stream = self._stream or self._restored or self._open_stream(self._start_sample)
+        mark = self._consumed or self.position_marker()()
         stem = self._state_stem()
         meta_path = directory / f"{stem}.json"
         # The .json goes first: the files below stop matching an older one as soon as they are rewritten.
@@ -231,17 +267,16 @@ class RLDSDataset(IterableDataset):
         for old in directory.glob(f"{stem}.*"):
             old.unlink()
 
-        state, skip = stream.position()
         with atomic_write(directory / f"{stem}.tfdata.npz", "data stream state") as f:
-            np.savez_compressed(f, **_state_bytes(state))
-        group_size = len(stream.group["action"]) if stream.group is not None else 0
+            np.savez_compressed(f, **_state_bytes(mark.state))
+        skip = mark.group_frames_yielded
         meta = {
             "format": STREAM_STATE_FORMAT,
             "fingerprint": self._fingerprint,
-            "frames_consumed": stream.frames_consumed,
-            "start_sample": stream.start_sample,
+            "frames_consumed": mark.frames_consumed,
+            "start_sample": mark.start_sample,
             "group_frames_yielded": skip,
-            "leftover_frames": group_size - skip if skip else 0,
+            "leftover_frames": mark.group_size - skip if skip else 0,
             "files": {
                 p.name: p.stat().st_size for p in sorted(directory.glob(f"{stem}.*")) if p != meta_path
             },
@@ -262,7 +297,7 @@ class RLDSDataset(IterableDataset):
         """
         if frames < 0:
             raise ConfigError(f"Cannot resume the data stream at frame {frames}: it must be >= 0.")
-        self._stream = self._restored = None
+        self._stream = self._restored = self._consumed = None
         self._start_sample = frames
         try:
             if directory is None:

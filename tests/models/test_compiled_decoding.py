@@ -1,0 +1,145 @@
+"""`compile_steps`: the static cache's decode step compiled by `torch.compile` (inductor; C++ kernels on CPU) gives
+the dynamic KV cache's ids, for a single request and a batch of different prompt lengths, constrained or not; a
+compile failure falls back to the uncompiled functions with one WARNING; the policy's option and the scripts'
+`--compile_decoding` flag reach `greedy_decode`.
+
+On CPU only the decode step is compiled here (`static_decoding.COMPILED`): compiling the prefill too, vision
+backbone included, works the same way but takes 30-50 s more on one core. The reference is `greedy_decode`'s
+dynamic-cache path (itself pinned against re-running the full sequence)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from prismatic.inference import VLAPolicy
+from prismatic.models import build_vlm, static_decoding
+from prismatic.models.action_heads import ActionSpec, tokens
+from prismatic.models.decoding import greedy_decode
+
+REPO = Path(__file__).resolve().parents[2]
+ACTION_IDS = range(768, 1024)
+
+
+@pytest.fixture(scope="module")
+def model(make_batch):
+    """The tiny fused-backbone VLM, two prompts of different lengths (BOS first) and their images."""
+    torch.manual_seed(0)
+    vlm = build_vlm("tiny-dinosiglip+tiny-llama").eval()
+    vlm.attach_action_modules(ActionSpec(action_dim=7))
+    batch = make_batch(vlm)
+    prompts = [
+        ids[mask.bool()].tolist()
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)
+    ]
+    assert len(prompts[0]) != len(prompts[1])
+    return vlm, prompts, batch["pixel_values"], vlm.llm_backbone.tokenizer.pad_token_id
+
+
+@pytest.fixture
+def step_only(monkeypatch: pytest.MonkeyPatch, model) -> None:
+    """Compile the decode step only (see the module docstring), on a model with no decoders kept."""
+    monkeypatch.setattr(static_decoding, "COMPILED", ("step",))
+    model[0].__dict__.pop("_static_decoders", None)
+    model[0].__dict__.pop(static_decoding.COMPILE_FAILED, None)
+
+
+def _decode(model, batch: int, allowed: range | None, **kwargs):
+    vlm, prompts, pixels, pad_id = model
+    return greedy_decode(
+        vlm,
+        prompts[:batch],
+        {key: value[:batch] for key, value in pixels.items()},
+        7,
+        pad_id=pad_id,
+        allowed_ids=allowed,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "allowed"),
+    [(1, ACTION_IDS), (2, None)],
+    ids=["one-constrained", "batch-unconstrained"],
+)
+def test_compiled_step_ids_equal_the_dynamic_cache(
+    model, step_only, batch: int, allowed: range | None
+) -> None:
+    dynamic = _decode(model, batch, allowed, static_cache=False)
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = _decode(model, batch, allowed, static_cache=True, compile_steps=True)
+    # One graph: the step compiled whole (fullgraph: no graph break) and once (no recompile on later steps).
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+    assert static_decoding.COMPILE_FAILED not in model[0].__dict__
+    assert torch.equal(compiled.token_ids, dynamic.token_ids)
+    torch.testing.assert_close(compiled.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+    again = _decode(model, batch, allowed, static_cache=True, compile_steps=True)  # every step compiled now
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+    assert torch.equal(again.token_ids, dynamic.token_ids)
+    torch.testing.assert_close(again.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+
+
+def test_a_compile_failure_falls_back_with_one_warning(
+    model, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model[0].__dict__.pop("_static_decoders", None)
+    model[0].__dict__.pop(static_decoding.COMPILE_FAILED, None)
+    attempts = []
+
+    def failing_compile(fn, **options):
+        def compiled():
+            attempts.append(options)
+            raise torch._dynamo.exc.InternalTorchDynamoError("no C++ compiler here")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    with caplog.at_level(logging.WARNING, logger=static_decoding.__name__):
+        one = _decode(model, 1, ACTION_IDS, static_cache=True, compile_steps=True)
+        batch = _decode(model, 2, None, static_cache=True, compile_steps=True)  # a new shape: no second try
+    warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no C++ compiler here" in warnings[0].getMessage()
+    assert attempts == [{"fullgraph": True, "dynamic": False, "isolate_recompiles": True}]
+    assert torch.equal(one.token_ids, _decode(model, 1, ACTION_IDS, static_cache=False).token_ids)
+    assert torch.equal(batch.token_ids, _decode(model, 2, None, static_cache=False).token_ids)
+
+
+def test_policy_option_reaches_greedy_decode(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = VLAPolicy(model[0], None, "tiny", torch.device("cpu"), torch.float32)
+    assert policy.compile_decoding is False
+    seen = []
+
+    def recording_decode(*args, compile_steps: bool, **kwargs):
+        seen.append(compile_steps)
+        return greedy_decode(*args, **kwargs)
+
+    monkeypatch.setattr(tokens, "greedy_decode", recording_decode)
+    image = np.zeros((64, 64, 3), dtype=np.uint8)
+    policy.decode_batch([image], ["push"])
+    policy.compile_decoding = True
+    policy.decode_batch([image], ["push"])
+    assert seen == [False, True]
+
+
+@pytest.mark.parametrize(("script", "name"), [("serve", "ServeConfig"), ("eval_libero", "EvalLiberoConfig")])
+def test_compile_decoding_flag_parses(
+    script: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prismatic.util.cli import parse_config
+
+    spec = importlib.util.spec_from_file_location(f"{script}_script", REPO / "vla_scripts" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    config = getattr(module, name)
+    assert parse_config(config, ["--checkpoint", str(tmp_path)]).compile_decoding is False
+    assert (
+        parse_config(config, ["--checkpoint", str(tmp_path), "--compile_decoding"]).compile_decoding is True
+    )
