@@ -18,6 +18,7 @@ nothing else, so the config layer and `--help` can use it before torch.
         step-000040-epoch-01/             CHECKPOINT_DIR (checkpoint_dir_name)
           .metadata, __<r>_0.distcp       DCP_METADATA, DCP's shards
           data/                           DATA_SNAPSHOT_DIR
+            data-rank00000.json, .tfdata.npz  data_snapshot_stem(rank) + DATA_SNAPSHOT_META / _STATE
           train_state.json                TRAIN_STATE_FILE
 """
 
@@ -46,10 +47,18 @@ TMP_PREFIX = ".tmp-"  # a checkpoint being written; removed at start-up if a cra
 TRAIN_STATE_FILE = "train_state.json"
 DCP_METADATA = ".metadata"
 DATA_SNAPSHOT_DIR = "data"  # each rank's data-stream snapshot inside a checkpoint folder
+DATA_SNAPSHOT_META = ".json"  # its metadata (fingerprint, frames consumed, file sizes), written last
+DATA_SNAPSHOT_STATE = ".tfdata.npz"  # the tf.data iterator's symbolic state
 CHECKPOINT_DIR = re.compile(r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})$")
 CHECKPOINT_FILE = re.compile(
     r"^step-(?P<step>\d{6,})-epoch-(?P<epoch>\d{2,})-loss=(?P<loss>[-+0-9.einfa]+)\.pt$"
 )
+
+
+def data_snapshot_stem(rank: int) -> str:
+    """`data-rank00003`: the stem of rank 3's data-stream snapshot files in DATA_SNAPSHOT_DIR (their suffixes:
+    DATA_SNAPSHOT_META, DATA_SNAPSHOT_STATE)."""
+    return f"data-rank{rank:05d}"
 
 
 def checkpoint_dir_name(step: int, epoch: int) -> str:

@@ -1,5 +1,6 @@
 """The policy and the server on the GPU in bf16: `predict_action` with and without the KV cache, and
-`prismatic/inference/server.py` (what `vla_scripts/serve.py` runs) answering OpenVLA's client payload.
+`prismatic/inference/server.py` (what `vla_scripts/serve.py` runs) answering OpenVLA's client payload; compiled
+static decoding (`--compile_decoding`) choosing the uncompiled graphs' ids.
 
 The server runs in process (FastAPI's TestClient drives the app and its batcher's lifespan); the request body is
 what OpenVLA's client sends (`json_numpy.patch()` + `requests.post(url, json=payload)`: the payload encoded by
@@ -9,6 +10,7 @@ what OpenVLA's client sends (`json_numpy.patch()` + `requests.post(url, json=pay
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import numpy as np
 import pytest
@@ -80,3 +82,32 @@ def test_server_answers_openvla_client_payload(policy: VLAPolicy, device: torch.
     assert isinstance(action, np.ndarray) and action.shape == (ACTION_DIM,) and action.dtype == np.float64
     np.testing.assert_array_equal(action, policy.predict_action(image, "do something", unnorm_key="ds"))
     assert health["status"] == "ok" and health["requests_served"] == 1
+
+
+def test_compiled_decoding_gives_the_uncompiled_ids(
+    device: torch.device, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`VLAPolicy.compile_decoding`: the prefill and the decode step compiled by inductor, then captured as CUDA
+    graphs. In FP32 the ids equal the uncompiled graphs' (first call and replay), and nothing fell back."""
+    torch.manual_seed(0)
+    policy = VLAPolicy(load(BASE), {"ds": action_statistics()}, BASE, device, torch.float32)
+    policy.static_cache = (
+        True  # the GPU's default; on CPU (PRISMATIC_GPU_TESTS_ON_CPU=1) the same, without graphs
+    )
+    images = _images(len(INSTRUCTIONS), seed=2)
+    plain = policy.decode_batch(images, INSTRUCTIONS, "ds")
+    plain_alone = policy.decode_batch(images[:1], INSTRUCTIONS[:1], "ds")
+    policy.compile_decoding = True
+    with caplog.at_level(logging.WARNING):
+        compiled = policy.decode_batch(images, INSTRUCTIONS, "ds")
+        replayed = policy.decode_batch(images, INSTRUCTIONS, "ds")
+        alone = policy.decode_batch(images[:1], INSTRUCTIONS[:1], "ds")  # another shape: compiled again
+    np.testing.assert_array_equal(compiled.token_ids, plain.token_ids)
+    np.testing.assert_array_equal(replayed.token_ids, plain.token_ids)
+    np.testing.assert_array_equal(alone.token_ids, plain_alone.token_ids)
+    fallbacks = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("prismatic")
+    ]
+    assert not fallbacks, fallbacks

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from prismatic.run_layout import DATA_SNAPSHOT_META, DATA_SNAPSHOT_STATE, data_snapshot_stem
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import atomic_write, write_text_atomic
 from prismatic.util.tf import import_tensorflow
@@ -243,9 +244,6 @@ class RLDSDataset(IterableDataset):
 
     # === Resume ===
 
-    def _state_stem(self) -> str:
-        return f"data-rank{self.rank:05d}"
-
     def save_stream_state(self, directory: Path) -> None:
         """Write this rank's stream position into `directory` (created if needed), as `data-rankNNNNN.*`.
 
@@ -260,14 +258,14 @@ class RLDSDataset(IterableDataset):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         mark = self._consumed or self.position_marker()()
-        stem = self._state_stem()
-        meta_path = directory / f"{stem}.json"
+        stem = data_snapshot_stem(self.rank)
+        meta_path = directory / f"{stem}{DATA_SNAPSHOT_META}"
         # The .json goes first: the files below stop matching an older one as soon as they are rewritten.
         meta_path.unlink(missing_ok=True)
         for old in directory.glob(f"{stem}.*"):
             old.unlink()
 
-        with atomic_write(directory / f"{stem}.tfdata.npz", "data stream state") as f:
+        with atomic_write(directory / f"{stem}{DATA_SNAPSHOT_STATE}", "data stream state") as f:
             np.savez_compressed(f, **_state_bytes(mark.state))
         skip = mark.group_frames_yielded
         meta = {
@@ -321,8 +319,8 @@ class RLDSDataset(IterableDataset):
         Raises:
             _SnapshotUnusable: saying why (missing, unreadable, other stream, other frame, damaged).
         """
-        stem = self._state_stem()
-        meta_path = directory / f"{stem}.json"
+        stem = data_snapshot_stem(self.rank)
+        meta_path = directory / f"{stem}{DATA_SNAPSHOT_META}"
         if not meta_path.is_file():
             raise _SnapshotUnusable(f"'{meta_path}' does not exist")
         try:
@@ -358,7 +356,7 @@ class RLDSDataset(IterableDataset):
         groups = iter(self._dataset_at(start_sample).batch(FRAMES_PER_FETCH))
         stream = _Stream(groups, start_sample, frames_consumed=frames - skip)
         try:
-            _restore_state(groups, directory / f"{stem}.tfdata.npz")
+            _restore_state(groups, directory / f"{stem}{DATA_SNAPSHOT_STATE}")
             # Back to where the save was: the group being yielded then is fetched again, its first frames dropped.
             for _ in range(skip):
                 if stream.next_frame() is None:

@@ -9,6 +9,7 @@ un-normalised. Every pipeline function is traced without AutoGraph (`graph_only`
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -202,10 +203,22 @@ def trajectory_dataset(
             interleave_cycle_length=READ_CYCLE_LENGTH,
             interleave_block_length=1,
             override_buffer_size=READ_BUFFER_BYTES,
+            # A sequential interleave: the stream runs under symbolic checkpointing, whose per-element save of a
+            # *parallel* interleave races with its reader threads and now and then crashes the process (seen with
+            # tensorflow 2.21: a segfault in `ParallelInterleaveIterator::WriteElement`). The order is the same
+            # (the parallel one is deterministic); reading is light, and the decoding after it stays parallel.
+            num_parallel_calls_for_interleave_files=None,
         )
-        return builder.as_dataset(
-            split=split, shuffle_files=shuffle_seed is not None, decoders=decoders, read_config=read_config
-        )
+        with (
+            warnings.catch_warnings()
+        ):  # tfds passes `deterministic` to the interleave; sequential, it is moot
+            warnings.filterwarnings("ignore", message="The `deterministic` argument has no effect")
+            return builder.as_dataset(
+                split=split,
+                shuffle_files=shuffle_seed is not None,
+                decoders=decoders,
+                read_config=read_config,
+            )
 
     if repeat_seed is None:
         ds = read(None)
