@@ -409,7 +409,8 @@ def run_predict(
         batch_images = images(batch_size)
         instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)]
         batch_modes = [("static + CUDA graphs", True, False), ("dynamic", False, False)]
-        if args.compiled_decoding:
+        # Each batch size compiles its own graphs (minutes at 7B): batch 1 (predict_action's shape) unless asked.
+        if args.compiled_decoding and (batch_size == 1 or args.compiled_decoding_all_sizes):
             batch_modes.append(("static + CUDA graphs, compiled", True, True))
         for mode, static, compiled in batch_modes:
             policy.static_cache, policy.compile_decoding = static, compiled
@@ -453,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda v: v.lower() in ("1", "true", "yes"),
         default=None,
         help="also time the policy's compiled static decoding (default: on GPU only; CPU compiles C++ first)",
+    )
+    parser.add_argument(
+        "--compiled_decoding_all_sizes",
+        action="store_true",
+        help="compiled decoding at every --predict_batch_sizes (default: batch 1 only; each size compiles anew)",
     )
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="NAME=VALUE", help="VLAConfig overrides for every case"
