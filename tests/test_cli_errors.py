@@ -497,6 +497,12 @@ CASES = [
         ("--checkpoint", "{tmp}", "--num_envs", "0"),
         ("--num_envs must be >= 1, got 0",),
     ),
+    Case(
+        "eval-libero-compile-remote",
+        "eval_libero",
+        ("--policy_url", "http://localhost:8000", "--compile_decoding", "true"),
+        ("--compile_decoding applies to a policy loaded here", "serve.py --compile_decoding true"),
+    ),
 ]
 SCRIPT_NAMES = sorted(p.stem for p in SCRIPTS.glob("*.py"))
 

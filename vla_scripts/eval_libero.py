@@ -81,6 +81,11 @@ class EvalLiberoConfig:
                 raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
         if self.policy_url is not None and not self.policy_url.startswith(("http://", "https://")):
             raise ConfigError(f"--policy_url must be an http(s):// URL, got '{self.policy_url}'.")
+        if self.policy_url is not None and self.compile_decoding:
+            raise ConfigError(
+                "--compile_decoding applies to a policy loaded here (--checkpoint); with --policy_url the server "
+                "decodes: start it with `vla_scripts/serve.py --compile_decoding true` instead."
+            )
         for name in ("num_trials_per_task", "num_envs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}.")
