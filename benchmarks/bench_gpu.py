@@ -26,7 +26,6 @@ training's: `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `ge
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import itertools
 import json
@@ -298,29 +297,25 @@ def run_training_case(
     strategy.setup(vla.max_steps)
 
     times = _Times(args.print_losses)
-    stack = contextlib.ExitStack()
-    stream_iter = (
-        stack.enter_context(prefetched(loader, vla.prefetch_batches, device))
-        if live
-        else itertools.cycle(batches)
-    )
     hooks = LoopHooks(trackers=[times], checkpoints=_NoCheckpoints(), preemption=PreemptionHandler())
     metrics = StepMetrics(["synthetic"], head, device)
     counters = {"step": 0, "epoch": 0, "frames": 0}
+    # The prefetch thread (if any) stops when the case ends, failed or not.
+    with prefetched(loader, vla.prefetch_batches if live else 0, device) as live_batches:
+        stream_iter = live_batches if live else itertools.cycle(batches)
 
-    def steps(start: int, end: int) -> None:
-        plan = LoopPlan(start, end, 10**9, case.batch * case.accumulation, None, show_progress=False)
-        train_loop(strategy, head, stream_iter, metrics, plan, counters, hooks)
+        def steps(start: int, end: int) -> None:
+            plan = LoopPlan(start, end, 10**9, case.batch * case.accumulation, None, show_progress=False)
+            train_loop(strategy, head, stream_iter, metrics, plan, counters, hooks)
 
-    started = time.perf_counter()
-    steps(0, args.warmup)  # compilation, allocator warm-up
-    warmup_s = time.perf_counter() - started
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
-    steps(args.warmup + 1, args.warmup + 1 + args.steps)
-    stack.close()
+        started = time.perf_counter()
+        steps(0, args.warmup)  # compilation, allocator warm-up
+        warmup_s = time.perf_counter() - started
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
+        steps(args.warmup + 1, args.warmup + 1 + args.steps)
     step_s = statistics.median(times.steps[-args.steps :])
     samples_per_s = case.batch * case.accumulation / step_s
     tflops = flops_per_sample * samples_per_s / 1e12
