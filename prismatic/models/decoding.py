@@ -5,9 +5,9 @@ Every request of a batch has its own prompt length, so rows are laid out as trai
     [pad ... pad] [BOS] [patch_1 ... patch_P] [text_2 ... text_L]   (attention mask 0 on the pads)
 
 with position ids counted from each row's BOS, so a row decodes exactly as it would alone. The first forward
-pass fills the KV cache; each further action token costs one forward of one position. `use_cache=False`
-re-runs the whole model (vision backbone included) on the grown sequence at every step, as Hugging Face's
-`generate(use_cache=False)` does: the reference the benchmark compares against.
+pass fills the KV cache; each further action token costs one forward of one position.
+`DecodeOptions(use_cache=False)` re-runs the whole model (vision backbone included) on the grown sequence at
+every step, as Hugging Face's `generate(use_cache=False)` does: the reference the benchmark compares against.
 
 Decoding is greedy. Constrained decoding takes the argmax over the action-token ids only (a contiguous id
 range), and its log-probabilities are those of the distribution over that range; unconstrained decoding is
@@ -45,6 +45,18 @@ class GreedyTokens:
 
     token_ids: torch.Tensor
     logprobs: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How `greedy_decode` runs (speed, not the algorithm): one object, so callers hand the mode on whole."""
+
+    # Reuse keys and values across steps (False: re-run the full sequence every step).
+    use_cache: bool = True
+    # With `use_cache`, a static KV cache with each step replayed from a CUDA graph (same ids); None: on CUDA.
+    static_cache: bool | None = None
+    # On the static cache, `torch.compile` the prefill and the decode step before capturing them.
+    compile_steps: bool = False
 
 
 def openvla_action_ids(
@@ -102,10 +114,8 @@ def greedy_decode(
     *,
     pad_id: int,
     allowed_ids: range | None,
-    use_cache: bool = True,
     proprio: torch.Tensor | None = None,
-    static_cache: bool | None = None,
-    compile_steps: bool = False,
+    options: DecodeOptions = DecodeOptions(),
 ) -> GreedyTokens:
     """Greedily decode `num_tokens` tokens for each of B prompts (each starting with BOS) and images.
 
@@ -116,14 +126,16 @@ def greedy_decode(
         num_tokens: tokens to generate per row.
         pad_id: id used for padding (never attended).
         allowed_ids: the contiguous id range decoding may choose from (the action tokens), or None for every id.
-        use_cache: reuse keys and values across steps (False: re-run the full sequence every step).
         proprio: `[B, P]` normalised proprio, for a VLM with a proprio projector.
-        static_cache: with `use_cache`, decode over a static KV cache with each step replayed from a CUDA graph
-            (`prismatic.models.static_decoding`; same ids). None: on CUDA where the model supports it. On CPU it
-            runs the same steps eagerly (tests).
-        compile_steps: on the static cache, `torch.compile` the prefill and the decode step before capturing
-            them: the same operations in fewer, fused kernels (ids pinned equal in FP32 on CPU; fused kernels may
-            round differently in the last bits). Where compiling fails: one WARNING, and uncompiled decoding.
+        options: the decoding mode (`DecodeOptions`):
+            `use_cache`: reuse keys and values across steps (False: re-run the full sequence every step).
+            `static_cache`: with `use_cache`, decode over a static KV cache with each step replayed from a
+            CUDA graph (`prismatic.models.static_decoding`; same ids). None: on CUDA where the model supports
+            it. On CPU it runs the same steps eagerly (tests).
+            `compile_steps`: on the static cache, `torch.compile` the prefill and the decode step before
+            capturing them: the same operations in fewer, fused kernels (ids pinned equal in FP32 on CPU;
+            fused kernels may round differently in the last bits). Where compiling fails: one WARNING, and
+            uncompiled decoding.
 
     Returns:
         The chosen ids and their log-probabilities, `[B, num_tokens]` each.
@@ -144,6 +156,7 @@ def greedy_decode(
         index = logits.argmax(dim=-1)
         return index + offset, logprobs.gather(-1, index[:, None])[:, 0]
 
+    use_cache, static_cache, compile_steps = options.use_cache, options.static_cache, options.compile_steps
     device = llm.get_input_embeddings().weight.device
     if static_cache is None:
         static_cache = device.type == "cuda"

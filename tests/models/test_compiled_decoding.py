@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from torch._dynamo.utils import counters
 from prismatic.inference import VLAPolicy
 from prismatic.models import build_vlm, static_decoding
 from prismatic.models.action_heads import ActionSpec, tokens
-from prismatic.models.decoding import greedy_decode
+from prismatic.models.decoding import DecodeOptions, greedy_decode
 
 REPO = Path(__file__).resolve().parents[2]
 ACTION_IDS = range(768, 1024)
@@ -51,7 +52,7 @@ def step_only(monkeypatch: pytest.MonkeyPatch, model) -> None:
     model[0].__dict__.pop(static_decoding.COMPILE_FAILED, None)
 
 
-def _decode(model, batch: int, allowed: range | None, **kwargs):
+def _decode(model, batch: int, allowed: range | None, **options):
     vlm, prompts, pixels, pad_id = model
     return greedy_decode(
         vlm,
@@ -60,7 +61,7 @@ def _decode(model, batch: int, allowed: range | None, **kwargs):
         7,
         pad_id=pad_id,
         allowed_ids=allowed,
-        **kwargs,
+        options=DecodeOptions(**options),
     )
 
 
@@ -116,9 +117,9 @@ def test_policy_option_reaches_greedy_decode(model, monkeypatch: pytest.MonkeyPa
     assert policy.compile_decoding is False
     seen = []
 
-    def recording_decode(*args, compile_steps: bool, **kwargs):
-        seen.append(compile_steps)
-        return greedy_decode(*args, **kwargs)
+    def recording_decode(*args, options: DecodeOptions, **kwargs):
+        seen.append(options.compile_steps)
+        return greedy_decode(*args, options=replace(options, compile_steps=False), **kwargs)
 
     monkeypatch.setattr(tokens, "greedy_decode", recording_decode)
     image = np.zeros((64, 64, 3), dtype=np.uint8)

@@ -12,7 +12,7 @@ from PIL import Image
 
 from prismatic.models import build_vlm, static_decoding
 from prismatic.models.action_heads import ActionSpec
-from prismatic.models.decoding import greedy_decode
+from prismatic.models.decoding import DecodeOptions, greedy_decode
 from prismatic.models.prompt_layout import layout
 
 PROMPTS = (
@@ -47,7 +47,7 @@ def _decode(model, rows: slice, allowed: range | None, static: bool):
         7,
         pad_id=pad_id,
         allowed_ids=allowed,
-        static_cache=static,
+        options=DecodeOptions(static_cache=static),
     )
 
 
@@ -79,7 +79,7 @@ def test_decoders_are_kept_per_shape_and_bounded(model) -> None:
             2,
             pad_id=pad_id,
             allowed_ids=None,
-            static_cache=True,
+            options=DecodeOptions(static_cache=True),
         )
     assert len(kept) == static_decoding.MAX_GRAPHS
 
@@ -126,8 +126,12 @@ def test_two_views_and_proprio_in_the_prefix() -> None:
     ]
     prompts = [tokenizer(text).input_ids for text in PROMPTS[1:]]
     kwargs = {"pad_id": tokenizer.pad_token_id, "allowed_ids": range(768, 1024), "proprio": torch.randn(2, 8)}
-    dynamic = greedy_decode(vlm, prompts, torch.stack(views), 7, static_cache=False, **kwargs)
-    static = greedy_decode(vlm, prompts, torch.stack(views), 7, static_cache=True, **kwargs)
+    dynamic = greedy_decode(
+        vlm, prompts, torch.stack(views), 7, options=DecodeOptions(static_cache=False), **kwargs
+    )
+    static = greedy_decode(
+        vlm, prompts, torch.stack(views), 7, options=DecodeOptions(static_cache=True), **kwargs
+    )
     assert torch.equal(static.token_ids, dynamic.token_ids)
     torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
 
@@ -164,8 +168,8 @@ def test_other_llm_families_decode_the_same(model_type: str) -> None:
     )
     prompts = [llm.tokenizer(text).input_ids for text in PROMPTS[:2]]
     kwargs = {"pad_id": llm.tokenizer.pad_token_id, "allowed_ids": None}
-    dynamic = greedy_decode(vlm, prompts, pixels, 7, static_cache=False, **kwargs)
-    static = greedy_decode(vlm, prompts, pixels, 7, static_cache=True, **kwargs)
+    dynamic = greedy_decode(vlm, prompts, pixels, 7, options=DecodeOptions(static_cache=False), **kwargs)
+    static = greedy_decode(vlm, prompts, pixels, 7, options=DecodeOptions(static_cache=True), **kwargs)
     assert torch.equal(static.token_ids, dynamic.token_ids)
     torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
 

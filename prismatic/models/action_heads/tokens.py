@@ -17,7 +17,7 @@ from torch import nn
 
 from prismatic.models.action_heads.base import ActionHead, DecodeRequest, HeadOutput, HeadPrediction
 from prismatic.models.action_heads.registry import ActionSpec
-from prismatic.models.decoding import greedy_decode, openvla_action_ids
+from prismatic.models.decoding import DecodeOptions, greedy_decode, openvla_action_ids
 from prismatic.util.constants import IGNORE_INDEX
 
 
@@ -147,10 +147,12 @@ class TokenActionHead(ActionHead):
             action_dim,
             pad_id=request.pad_id,
             allowed_ids=action_ids if request.constrained else None,
-            use_cache=request.use_cache,
-            static_cache=request.static_cache,
-            compile_steps=request.compile_steps,
             proprio=request.proprio,
+            options=DecodeOptions(
+                use_cache=request.use_cache,
+                static_cache=request.static_cache,
+                compile_steps=request.compile_steps,
+            ),
         )
         token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()
         if not request.constrained:
