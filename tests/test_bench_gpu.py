@@ -117,3 +117,22 @@ def test_bench_gpu_refuses_an_unknown_variant_before_building_anything(tmp_path:
     assert done.returncode != 0
     assert "unknown variant 'new+turbo'" in done.stderr and "+sac-ops" in done.stderr
     assert "bench_gpu on" not in done.stdout  # refused before the run started
+
+
+def test_set_and_variants_give_the_config_fields_they_name() -> None:
+    """`--set` keeps text fields as typed (YAML would read `on` as true, which no speed flag accepts) and reads
+    the others as YAML; `+ddp` / `+grad-op` pick the strategy."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_gpu import parse_overrides, parse_variant
+
+    assert parse_overrides(["causal_mask_only=on", "lora_rank=8", "enable_gradient_checkpointing=false"]) == {
+        "causal_mask_only": "on",
+        "lora_rank": 8,
+        "enable_gradient_checkpointing": False,
+    }
+    assert parse_variant("new+ddp+sac-ops") == (
+        False,
+        {"train_strategy": "ddp", "checkpointing_policy": "selective-ops"},
+        False,
+    )
+    assert parse_variant("before+grad-op")[1] == {"train_strategy": "fsdp-shard-grad-op"}

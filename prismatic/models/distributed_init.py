@@ -18,6 +18,7 @@ Call sequence (every call on every rank, in this order; see `materialize_from_ra
         model = apply_fsdp(vlm, mesh, policy, reshard)   # rank 0 shards its weights; others shard meta tensors
         materialize_from_rank0(model, full_state, device)
     DDP:
+        cast_frozen_params_to_bf16(vlm)                  # under bf16 mixed precision
         materialize_from_rank0(vlm, None, device)
         model = DistributedDataParallel(vlm, ...)
 

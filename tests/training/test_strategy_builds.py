@@ -27,12 +27,16 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from prismatic.conf.vla import get_vla_config
 from prismatic.models import build_vlm
-from prismatic.models.action_heads import ActionSpec
+from prismatic.models.action_heads import ActionSpec, build_action_head
+from prismatic.models.lora import LoraSettings, apply_lora
 from prismatic.training.strategies import get_train_strategy
 from prismatic.util.dist import DistInfo
+from prismatic.vla.action_tokenizer import ActionTokenizer
+from prismatic.vla.datasets.synthetic import synthetic_batch
 
 BASE, VLA = "tiny-vit+tiny-llama", "tiny+mx-toy"
 CPU = torch.device("cpu")
@@ -123,6 +127,68 @@ def test_ddp_builds_distributed_data_parallel_around_the_model(one_rank: DistInf
     assert type(strategy.model) is DistributedDataParallel
     assert strategy.model.module is vlm
     assert not any(isinstance(m, FSDPModule) for m in strategy.model.modules())
+
+
+def _lora_ddp(info: DistInfo, mixed_precision: bool) -> tuple[Any, Any, set[str]]:
+    """A tiny LoRA model (base weights frozen) set up by the DDP strategy; also its head and the frozen names."""
+    vla = get_vla_config(VLA)
+    vla.train_strategy, vla.enable_mixed_precision_training = "ddp", mixed_precision
+    vlm = build_vlm(BASE)
+    vlm.freeze_backbones("vla-full-train")
+    apply_lora(vlm, LoraSettings(rank=4, alpha=8.0))
+    spec = ActionSpec()
+    vlm.attach_action_modules(spec)
+    head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
+    strategy = get_train_strategy(vlm, vla, info)
+    strategy.setup(2)
+    frozen = {name for name, param in vlm.named_parameters() if not param.requires_grad}
+    return strategy, head, frozen
+
+
+@pytest.mark.parametrize("mixed_precision", [True, False])
+def test_ddp_stores_frozen_weights_in_bf16_under_mixed_precision(
+    one_rank: DistInfo, one_node: None, mixed_precision: bool
+) -> None:
+    """As OpenVLA's LoRA fine-tuning loads its model (bf16) and as the FSDP strategies store them; trainable
+    weights stay FP32 (AdamW's master weights), and without mixed precision everything stays FP32."""
+    strategy, _, frozen = _lora_ddp(one_rank, mixed_precision)
+    assert len(frozen) > 10  # the LoRA base weights and the frozen vision backbone
+    dtypes = {name: param.dtype for name, param in strategy.vlm.named_parameters()}
+    bf16 = torch.bfloat16 if mixed_precision else torch.float32
+    assert dtypes == {name: bf16 if name in frozen else torch.float32 for name in dtypes}
+
+
+class _CastInputs(TorchDispatchMode):
+    """The storages every dtype cast (`aten._to_copy`) reads from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._to_copy.default:
+            self.read.add(args[0].untyped_storage().data_ptr())
+        return func(*args, **(kwargs or {}))
+
+
+def test_ddp_autocast_uses_the_frozen_bf16_weights_without_copying_them(
+    one_rank: DistInfo, one_node: None
+) -> None:
+    """A forward and backward under DDP's bf16 autocast casts no frozen weight: it computes with them as stored
+    (FP32 frozen weights were cast at every use). The trainable FP32 adapters are still cast, as autocast does."""
+    strategy, head, frozen = _lora_ddp(one_rank, mixed_precision=True)
+    params = dict(strategy.vlm.named_parameters())
+    frozen_storages = {params[name].untyped_storage().data_ptr() for name in frozen}
+    adapter_storages = {params[name].untyped_storage().data_ptr() for name in params if name not in frozen}
+    batch = strategy.to_device(synthetic_batch(strategy.vlm, head, 2))
+    casts = _CastInputs()
+    with strategy.autocast(), casts:
+        output = strategy.model(
+            batch["input_ids"], batch["attention_mask"], batch["pixel_values"], labels=batch["labels"]
+        )
+        output.loss.backward()
+    assert casts.read & adapter_storages  # autocast at work
+    assert not casts.read & frozen_storages
 
 
 # --- the gradient-sync decision -----------------------------------------------------------------------------------
