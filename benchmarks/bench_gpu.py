@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, IterableDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,11 @@ from prismatic.conf.vla import VLAConfig  # noqa: E402
 from prismatic.models.action_heads import ActionSpec, build_action_head  # noqa: E402
 from prismatic.models.backbones.llm.registry import get_llm_backbone_spec  # noqa: E402
 from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
+from prismatic.models.backbones.vision.registry import (  # noqa: E402
+    FusedViTSpec,
+    ViTSpec,
+    get_vision_backbone_spec,
+)
 from prismatic.models.lora import apply_lora  # noqa: E402
 from prismatic.models.materialize import VLMArchitecture, build_vlm, build_vlm_from_spec  # noqa: E402
 from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
@@ -79,6 +85,7 @@ class Case:
     accumulation: int = 1
     head: str = "tokens"
     chunk_size: int = 1
+    width: int | None = None  # narrow the real architecture to this width (same depth, modules and ops)
 
 
 GPU_CASES = {
@@ -92,6 +99,11 @@ CPU_CASES = {
     "lora-tiny": Case("lora-tiny", "tiny-dinosiglip+tiny-llama", True, 4),
     "l1-chunk-tiny": Case("l1-chunk-tiny", "tiny-vit+tiny-llama", False, 4, head="l1-chunk", chunk_size=4),
     "full-tiny": Case("full-tiny", "tiny-vit+tiny-llama", False, 4, accumulation=2),
+    # The GPU cases' architectures at width 64: every layer, block, hook and op of the real step, little math.
+    "lora-7b-narrow": Case("lora-7b-narrow", "prism-dinosiglip-224px+7b", True, 2, width=64),
+    "full-1b-narrow": Case(
+        "full-1b-narrow", "prism-qwen25-dinosiglip-224px+0_5b", False, 2, accumulation=2, width=64
+    ),
 }
 VARIANT_BASES = ("before", "new")
 # `+name` after a base adds one means on top of it (e.g. `new+compile+sac-ops`): VLAConfig fields it sets.
@@ -131,12 +143,43 @@ def peak_tflops(device: torch.device, override: float | None) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def random_vlm(base_vlm: str, device: torch.device, tokenizer_dir: Path) -> PrismaticVLM:
+NARROW_HEADS = 4  # attention heads of a narrowed architecture (`Case.width`)
+
+
+def narrowed(arch: dict[str, Any], vision: Any, width: int) -> tuple[dict[str, Any], Any]:
+    """The LLM's config fields and the vision spec at `width`, with every layer, block and head of the original:
+    the same modules, hooks and kernels per step, with little arithmetic in each."""
+    heads, kv_heads = (
+        arch["num_attention_heads"],
+        arch.get("num_key_value_heads", arch["num_attention_heads"]),
+    )
+    llm = {
+        **arch,
+        "hidden_size": width,
+        "intermediate_size": width * arch["intermediate_size"] // arch["hidden_size"],
+        "num_attention_heads": NARROW_HEADS,
+        "num_key_value_heads": max(1, NARROW_HEADS * kv_heads // heads),
+    }
+
+    def vit(spec: ViTSpec) -> ViTSpec:
+        return replace(
+            spec, arch_overrides={**spec.arch_overrides, "embed_dim": width, "num_heads": NARROW_HEADS}
+        )
+
+    if isinstance(vision, FusedViTSpec):
+        return llm, replace(vision, parts={name: vit(part) for name, part in vision.parts.items()})
+    return llm, replace(vision, vit=vit(vision.vit))
+
+
+def random_vlm(
+    base_vlm: str, device: torch.device, tokenizer_dir: Path, width: int | None = None
+) -> PrismaticVLM:
     """The base VLM's real architecture with random weights, built on `device` (no download, no CPU copy).
 
     Tiny ids build as training builds them. Real ids take the LLM's published shape from the registry (`arch`)
     and the in-repo tiny tokenizer, then resize the embeddings to the real vocabulary (Llama-2: 32000 + `<PAD>`,
-    padded to 32064), so the LM head costs what the real one does.
+    padded to 32064; Qwen2.5: 151936 + 1, padded to 152000, 0.2 % above what its tokenizer gives), so the LM head
+    costs what the real one does. `width` narrows a real id (`narrowed`).
     """
     torch.manual_seed(0)
     spec = get_base_vlm_spec(base_vlm)
@@ -146,15 +189,20 @@ def random_vlm(base_vlm: str, device: torch.device, tokenizer_dir: Path) -> Pris
             return build_vlm(base_vlm)
         from transformers import AutoConfig
 
-        arch = dict(llm_spec.arch)
+        arch, vision = dict(llm_spec.arch), None
+        if width is not None:
+            arch, vision = narrowed(arch, get_vision_backbone_spec(spec.vision_backbone_id), width)
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
         vlm = build_vlm_from_spec(
-            VLMArchitecture(base_vlm, spec, llm_config=config, tokenizer_dir=tokenizer_dir),
+            VLMArchitecture(
+                base_vlm, spec, vision_spec=vision, llm_config=config, tokenizer_dir=tokenizer_dir
+            ),
             pretrained_vision=False,
             pretrained_llm=False,
         )
+        # The published vocabulary, not `config.vocab_size`: building resized it to the tiny tokenizer's.
         vlm.llm_backbone.llm.resize_token_embeddings(
-            config.vocab_size + 1, pad_to_multiple_of=64, mean_resizing=False
+            llm_spec.arch["vocab_size"] + 1, pad_to_multiple_of=64, mean_resizing=False
         )
     return vlm
 
@@ -258,6 +306,36 @@ class SyntheticBatches(IterableDataset):
             yield synthetic_batch(self.vlm, self.head, self.batch_size, seed=i % 4)
 
 
+# ATen ops that launch no kernel: views (`OpOverload.is_view`) aside, allocation and profiler markers.
+NO_KERNEL_OPS = frozenset(
+    {"empty", "empty_like", "empty_strided", "_record_function_enter_new", "_record_function_exit"}
+)
+
+
+class _KernelOps(TorchDispatchMode):
+    """Counts the ATen ops a step dispatches that run a kernel (on a GPU, each is at least one launch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not func.is_view and func.overloadpacket.__name__ not in NO_KERNEL_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_kernel_ops(fn: Any, compiled: bool) -> int | None:
+    """Kernel-running ATen ops of `fn` (None when blocks are compiled: their kernels are inductor's, not ATen's)."""
+    if compiled:
+        fn()
+        return None
+    counter = _KernelOps()
+    with counter:
+        fn()
+    return counter.count
+
+
 def _count_syncs(fn: Any) -> int:
     """Host syncs `fn` triggers on CUDA (0 on CPU, where nothing waits for a device)."""
     if not torch.cuda.is_available():
@@ -282,7 +360,7 @@ def run_training_case(
     dist_info: Any,
 ) -> dict[str, Any]:
     vla = _vla(case, variant, args.warmup + args.steps + 1, args.overrides)
-    vlm = random_vlm(case.base_vlm, device, tokenizer_dir)
+    vlm = random_vlm(case.base_vlm, device, tokenizer_dir, case.width)
     vlm.freeze_backbones(vla.stage)
     if vla.use_lora:
         apply_lora(vlm, vla.lora_settings())
@@ -319,7 +397,11 @@ def run_training_case(
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
-        syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
+        # One untimed step counts host syncs and kernel-running ops (a launch count that CPU runs give too).
+        ops: list[int | None] = []
+        syncs = _count_syncs(
+            lambda: ops.append(_count_kernel_ops(lambda: steps(args.warmup, args.warmup + 1), vla.compile))
+        )
         steps(args.warmup + 1, args.warmup + 1 + args.steps)
     step_s = statistics.median(times.steps[-args.steps :])
     samples_per_s = case.batch * case.accumulation / step_s
@@ -336,6 +418,7 @@ def run_training_case(
         if device.type == "cuda"
         else None,
         "host_syncs_per_step": syncs,
+        "aten_ops_per_step": ops[0],
         "warmup_s": round(warmup_s, 1),
         "last_loss": round(times.losses[-1], 4),
     }

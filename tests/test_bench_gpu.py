@@ -60,6 +60,10 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
             or abs(r["samples_per_s"] - 4000 / r["ms_per_step"]) < 0.05 * r["samples_per_s"]
         )
         assert r["host_syncs_per_step"] == 0 and r["mfu_pct"] is None  # CPU: no device to wait for, no peak
+        assert isinstance(r["aten_ops_per_step"], int) and r["aten_ops_per_step"] > 100
+    # Selective checkpointing keeps the matmuls' outputs: the backward re-runs fewer ops than full recomputation.
+    assert training[1]["aten_ops_per_step"] < training[0]["aten_ops_per_step"]
+    assert training[3]["aten_ops_per_step"] < training[2]["aten_ops_per_step"]
     # The same seed and batches: the speed flags off and on train to the same loss on CPU ("auto" = off there;
     # selective checkpointing recomputes the same numbers; the prefetch thread makes the same batches).
     assert training[0]["last_loss"] == training[1]["last_loss"]
@@ -136,3 +140,32 @@ def test_set_and_variants_give_the_config_fields_they_name() -> None:
         False,
     )
     assert parse_variant("before+grad-op")[1] == {"train_strategy": "fsdp-shard-grad-op"}
+
+
+def test_narrow_cases_keep_every_layer_and_block_of_the_real_architecture(tmp_path: Path) -> None:
+    """`lora-7b-narrow` is `prism-dinosiglip-224px+7b` at width 64: Llama-2-7B's 32 decoder layers, DINOv2-L's 24
+    and SigLIP-so400m's 27 ViT blocks (the published depths), each at width 64, with the real vocabulary (which
+    the GPU cases build the same way: not the in-repo tiny tokenizer's 1,025 ids)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from bench_gpu import CPU_CASES, random_vlm
+
+    from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
+
+    case = CPU_CASES["lora-7b-narrow"]
+    load_tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    vlm = random_vlm(case.base_vlm, torch.device("cpu"), tmp_path / "tokenizer", case.width)
+    config = vlm.llm_backbone.llm.config
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (32, 64, 4)
+    assert config.intermediate_size == 64 * 11008 // 4096
+    assert vlm.llm_backbone.llm.get_input_embeddings().weight.shape == (
+        32064,
+        64,
+    )  # 32000 + <PAD>, padded to 64
+    vits = vlm.vision_backbone.featurizers
+    assert {name: len(vit.blocks) for name, vit in vits.items()} == {"dino": 24, "siglip": 27}
+    assert {vit.embed_dim for vit in vits.values()} == {64}
+    # The ~1B case: Qwen2.5-0.5B's 24 layers and its 151,936-token vocabulary (+1, padded to a multiple of 64).
+    case = CPU_CASES["full-1b-narrow"]
+    llm = random_vlm(case.base_vlm, torch.device("cpu"), tmp_path / "tokenizer", case.width).llm_backbone.llm
+    assert llm.config.num_hidden_layers == 24 and llm.get_input_embeddings().weight.shape == (152000, 64)

@@ -134,6 +134,22 @@ def has_lora(module: nn.Module) -> bool:
     return any(isinstance(m, BaseTunerLayer) for m in module.modules())
 
 
+def keep_lora_input_dtype(module: nn.Module) -> int:
+    """Stop every LoRA layer in `module` from casting its input to its adapters' dtype; returns how many.
+
+    For training under bf16 autocast with FP32 adapters (DDP): peft casts each bf16 activation to FP32 before the
+    adapter, and autocast casts it straight back to bf16 for the matmul, so the values are the same (a bf16 value
+    is exact in FP32) and the casts only copy the activation twice per adapted layer and pass. Only where every
+    forward runs under autocast: outside it, a bf16 input would meet FP32 weights.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer  # lazy: peft takes ~2 s to import; LoRA runs only
+
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.cast_input_dtype_enabled = False
+    return len(layers)
+
+
 def merge_lora(vlm: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight (W += B A * alpha / r) and put the plain layer back, in place.
 

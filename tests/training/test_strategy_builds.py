@@ -159,15 +159,17 @@ def test_ddp_stores_frozen_weights_in_bf16_under_mixed_precision(
 
 
 class _CastInputs(TorchDispatchMode):
-    """The storages every dtype cast (`aten._to_copy`) reads from."""
+    """The dtype casts (`aten._to_copy`) run, and the storages they read from."""
 
     def __init__(self) -> None:
         super().__init__()
         self.read: set[int] = set()
+        self.count = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.ops.aten._to_copy.default:
             self.read.add(args[0].untyped_storage().data_ptr())
+            self.count += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -189,6 +191,39 @@ def test_ddp_autocast_uses_the_frozen_bf16_weights_without_copying_them(
         output.loss.backward()
     assert casts.read & adapter_storages  # autocast at work
     assert not casts.read & frozen_storages
+
+
+def test_ddp_lora_layers_keep_their_bf16_input_and_compute_the_same_numbers(
+    one_rank: DistInfo, one_node: None
+) -> None:
+    """peft casts each LoRA layer's bf16 input to the FP32 adapters' dtype and autocast casts it straight back; the
+    DDP strategy turns that off (`keep_lora_input_dtype`). Loss and every gradient are bit-identical to peft's
+    default, with fewer dtype casts."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    def step(peft_default: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        torch.manual_seed(0)
+        strategy, head, _ = _lora_ddp(one_rank, mixed_precision=True)
+        lora_layers = [m for m in strategy.vlm.modules() if isinstance(m, BaseTunerLayer)]
+        assert lora_layers and not any(layer.cast_input_dtype_enabled for layer in lora_layers)
+        for layer in lora_layers:
+            layer.cast_input_dtype_enabled = peft_default
+        batch = strategy.to_device(synthetic_batch(strategy.vlm, head, 2))
+        casts = _CastInputs()
+        with strategy.autocast(), casts:
+            loss = strategy.model(
+                batch["input_ids"], batch["attention_mask"], batch["pixel_values"], labels=batch["labels"]
+            ).loss
+            loss.backward()
+        grads = {name: p.grad for name, p in strategy.vlm.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, casts.count
+
+    loss, grads, casts = step(peft_default=False)
+    expected_loss, expected_grads, peft_casts = step(peft_default=True)
+    assert torch.equal(loss, expected_loss)
+    assert grads.keys() == expected_grads.keys() and len(grads) > 10
+    assert all(torch.equal(grads[name], expected_grads[name]) for name in grads)
+    assert casts < peft_casts
 
 
 # --- the gradient-sync decision -----------------------------------------------------------------------------------

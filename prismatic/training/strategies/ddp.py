@@ -3,7 +3,8 @@
 Under bf16 mixed precision the frozen parameters are stored in bf16, as OpenVLA's LoRA fine-tuning loads its whole
 model and as the FSDP strategies store them: autocast computes with bf16 copies of them anyway, and FP32 frozen
 weights would be cast again at every use (a 7B LoRA step: the 13.5 GB of bf16 weights made twice, forward and
-recompute) and take twice the memory. Trainable parameters stay FP32 (AdamW's master weights).
+recompute) and take twice the memory. Trainable parameters stay FP32 (AdamW's master weights); LoRA layers keep
+their bf16 input instead of casting it to FP32 for autocast to cast it back (`keep_lora_input_dtype`).
 
 Every GPU keeps a full replica: the weights, plus FP32 gradients and AdamW's two FP32 moments of every trainable
 parameter (a 7B full fine-tune: about 28 + 28 + 56 GB before activations). `check_replica_fits` refuses that on a
@@ -18,6 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from prismatic.models.distributed_init import materialize_from_rank0
+from prismatic.models.lora import keep_lora_input_dtype
 from prismatic.models.parallelize import cast_frozen_params_to_bf16
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.util.errors import ConfigError
@@ -55,6 +57,7 @@ class DDPStrategy(TrainingStrategy):
     def wrap_model(self) -> torch.nn.Module:
         if self.mixed_precision:
             cast_frozen_params_to_bf16(self.vlm)
+            keep_lora_input_dtype(self.vlm)  # every DDP forward (training, validation) runs under autocast
         check_replica_fits(self.vlm, self.dist.device)
         materialize_from_rank0(self.vlm, None, self.dist.device)
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
