@@ -306,9 +306,17 @@ class SyntheticBatches(IterableDataset):
             yield synthetic_batch(self.vlm, self.head, self.batch_size, seed=i % 4)
 
 
-# ATen ops that launch no kernel: views (`OpOverload.is_view`) aside, allocation and profiler markers.
+# ATen ops that launch no kernel besides views (`OpOverload.is_view`): allocation, reshapes that copy nothing
+# (`_unsafe_view`) and profiler markers.
 NO_KERNEL_OPS = frozenset(
-    {"empty", "empty_like", "empty_strided", "_record_function_enter_new", "_record_function_exit"}
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "_unsafe_view",
+        "_record_function_enter_new",
+        "_record_function_exit",
+    }
 )
 
 
