@@ -82,10 +82,12 @@ def place_for_cpu_offload(model: torch.nn.Module, device: str | torch.device) ->
 def cast_frozen_params_to_bf16(vlm: PrismaticVLM) -> int:
     """Store every frozen floating-point parameter in bf16 (OpenVLA keeps a frozen vision backbone in bf16).
 
-    Only under bf16 mixed precision, where FSDP's all-gathered parameters (and DDP's autocast) compute in bf16
-    anyway, so frozen weights lose nothing and their memory halves. FSDP2 accepts mixed dtypes inside one unit as long as its
+    Only under bf16 mixed precision: FSDP computes with bf16 copies of every weight anyway, and DDP's autocast with
+    bf16 copies of the matmul weights (its norms now see bf16 weights too, as in OpenVLA's LoRA fine-tuning, which
+    loads the whole model in bf16); their memory halves. FSDP2 accepts mixed dtypes inside one unit as long as its
     *trainable* parameters share one dtype (they stay FP32: master weights and optimizer state). Buffers stay as
-    they are. Sharded checkpoints store them as they are (bf16); `load_checkpoint_file` returns FP32. Returns the number cast.
+    they are. Sharded checkpoints store them as they are (bf16); `load_checkpoint_file` returns FP32. Returns the
+    number cast.
     """
     cast = 0
     for param in vlm.parameters():

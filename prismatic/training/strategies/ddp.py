@@ -1,10 +1,11 @@
 """DDP strategy: every rank holds the whole model; gradients are all-reduced; bf16 through autocast.
 
-Under bf16 mixed precision the frozen parameters are stored in bf16, as OpenVLA's LoRA fine-tuning loads its whole
-model and as the FSDP strategies store them: autocast computes with bf16 copies of them anyway, and FP32 frozen
-weights would be cast again at every use (a 7B LoRA step: the 13.5 GB of bf16 weights made twice, forward and
-recompute) and take twice the memory. Trainable parameters stay FP32 (AdamW's master weights); LoRA layers keep
-their bf16 input instead of casting it to FP32 for autocast to cast it back (`keep_lora_input_dtype`).
+Under bf16 mixed precision the frozen parameters are stored in bf16, as OpenVLA's LoRA fine-tuning loads its
+whole model and as the FSDP strategies store them: autocast computes matmuls with bf16 copies of them anyway,
+and FP32 frozen weights would be cast again at every use (a 7B LoRA step: the 13.5 GB of bf16 weights made
+twice, forward and recompute) and take twice the memory. Trainable parameters stay FP32 (AdamW's master
+weights); LoRA layers keep their bf16 input instead of casting it to FP32 for autocast to cast it back
+(`keep_lora_input_dtype`).
 
 Every GPU keeps a full replica: the weights, plus FP32 gradients and AdamW's two FP32 moments of every trainable
 parameter (a 7B full fine-tune: about 28 + 28 + 56 GB before activations). `check_replica_fits` refuses that on a
