@@ -3,29 +3,34 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
 
     make bench-gpu                                   # one GPU: the 7B and ~1B cases, before/after the speed flags
     python benchmarks/bench_gpu.py --device cpu      # the tiny ids on CPU (what CI runs)
+    python benchmarks/bench_gpu.py --device cpu --cases lora-7b-narrow --no_predict --variants new new+ddp
+                                                     # the 7B step's kernel launches, FSDP2 against DDP, on CPU
     python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --peak_tflops 989
     python benchmarks/bench_gpu.py --cases lora-7b --no_predict \
         --variants new new+sac-ops new+no-ac new+compile+sac-ops new+live-data new+prefetch   # each means alone
     python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --no_predict --print_losses \
         --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
 
-Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token
-for modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against
-the device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory and host syncs per step (counted
-with `torch.cuda.set_sync_debug_mode`: each synchronising call warns once per occurrence). Each case runs under
-`variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask, eager), `new`
-the defaults (`auto`); `+compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data` and `+prefetch` add one means
-each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's own batch transform and collator on
-synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data on disk. Four batches are made
-once and cycled, except under `+live-data` (made on every step, on the loop's thread) and `+prefetch` (made by the
-prefetch thread), which time the data path too. The set-up is
-training's: `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()`
-(FSDP2 over a group of one, bf16, activation checkpointing on), then `train_loop` itself.
+Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token for
+modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against the
+device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, host syncs per step (counted with
+`torch.cuda.set_sync_debug_mode`: each synchronising call warns once per occurrence) and the ATen ops a step runs
+that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
+cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
+case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
+eager), `new` the defaults (`auto`); `+compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`,
+`+ddp` and `+grad-op` add one means each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
+own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
+on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
+thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
+`freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (FSDP2 over a
+group of one, bf16, activation checkpointing on), then `train_loop` itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
@@ -333,17 +338,6 @@ class _KernelOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _count_kernel_ops(fn: Any, compiled: bool) -> int | None:
-    """Kernel-running ATen ops of `fn` (None when blocks are compiled: their kernels are inductor's, not ATen's)."""
-    if compiled:
-        fn()
-        return None
-    counter = _KernelOps()
-    with counter:
-        fn()
-    return counter.count
-
-
 def _count_syncs(fn: Any) -> int:
     """Host syncs `fn` triggers on CUDA (0 on CPU, where nothing waits for a device)."""
     if not torch.cuda.is_available():
@@ -405,11 +399,11 @@ def run_training_case(
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(device)
-        # One untimed step counts host syncs and kernel-running ops (a launch count that CPU runs give too).
-        ops: list[int | None] = []
-        syncs = _count_syncs(
-            lambda: ops.append(_count_kernel_ops(lambda: steps(args.warmup, args.warmup + 1), vla.compile))
-        )
+        # One untimed step counts host syncs and kernel-running ops (a launch count that CPU runs give too; none
+        # for compiled blocks, whose kernels are inductor's, not ATen's).
+        kernel_ops = None if vla.compile else _KernelOps()
+        with kernel_ops or contextlib.nullcontext():
+            syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
         steps(args.warmup + 1, args.warmup + 1 + args.steps)
     step_s = statistics.median(times.steps[-args.steps :])
     samples_per_s = case.batch * case.accumulation / step_s
@@ -426,7 +420,7 @@ def run_training_case(
         if device.type == "cuda"
         else None,
         "host_syncs_per_step": syncs,
-        "aten_ops_per_step": ops[0],
+        "aten_ops_per_step": kernel_ops.count if kernel_ops is not None else None,
         "warmup_s": round(warmup_s, 1),
         "last_loss": round(times.losses[-1], 4),
     }
