@@ -5,10 +5,10 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
     python benchmarks/bench_gpu.py --device cpu      # the tiny ids on CPU (what CI runs)
     python benchmarks/bench_gpu.py --device cpu --cases lora-7b-narrow --no_predict --variants new new+ddp
                                                      # the 7B step's kernel launches, FSDP2 against DDP, on CPU
-    python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --peak_tflops 989
+    python benchmarks/bench_gpu.py --cases lora-7b --variants new new+no-compile --peak_tflops 989
     python benchmarks/bench_gpu.py --cases lora-7b --no_predict \
-        --variants new new+sac-ops new+no-ac new+compile+sac-ops new+live-data new+prefetch   # each means alone
-    python benchmarks/bench_gpu.py --cases lora-7b --variants new new+compile --no_predict --print_losses \
+        --variants new new+sac-ops new+no-ac new+no-compile new+live-data new+prefetch   # each means alone
+    python benchmarks/bench_gpu.py --cases lora-7b --variants new new+no-compile --no_predict --print_losses \
         --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
 
 Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token for
@@ -18,8 +18,9 @@ device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, hos
 that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
 cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
-eager), `new` the defaults (`auto`); `+compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`,
-`+ddp` and `+grad-op` add one means each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
+eager), `new` the defaults (`auto`: on a GPU the LoRA cases compile their blocks); `+compile`, `+no-compile`,
+`+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+ddp` and `+grad-op` change one means each
+(`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
 own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
 thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
@@ -113,7 +114,8 @@ CPU_CASES = {
 VARIANT_BASES = ("before", "new")
 # `+name` after a base adds one means on top of it (e.g. `new+compile+sac-ops`): VLAConfig fields it sets.
 MODIFIERS: dict[str, dict[str, Any]] = {
-    "compile": {"compile": True},
+    "compile": {"compile": "on"},
+    "no-compile": {"compile": "off"},
     "sac-ops": {"checkpointing_policy": "selective-ops"},
     "every-2": {"checkpointing_policy": "every-2"},
     "no-ac": {"enable_gradient_checkpointing": False},
@@ -227,6 +229,7 @@ def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None 
         optimizer_impl="for-loop" if before else "auto",
         logits_at_labels="off" if before else "auto",
         causal_mask_only="off" if before else "auto",
+        compile="off" if before else "auto",
     )
     for name, value in {**variant_overrides, **(overrides or {})}.items():
         setattr(vla, name, value)
@@ -401,7 +404,7 @@ def run_training_case(
             torch.cuda.reset_peak_memory_stats(device)
         # One untimed step counts host syncs and kernel-running ops (a launch count that CPU runs give too; none
         # for compiled blocks, whose kernels are inductor's, not ATen's).
-        kernel_ops = None if vla.compile else _KernelOps()
+        kernel_ops = None if strategy.compiled else _KernelOps()
         with kernel_ops or contextlib.nullcontext():
             syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
         steps(args.warmup + 1, args.warmup + 1 + args.steps)
@@ -412,6 +415,7 @@ def run_training_case(
     result = {
         "case": case.name,
         "variant": variant,
+        "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: on a GPU for the LoRA cases)
         "ms_per_step": round(step_s * 1e3, 1),
         "samples_per_s": round(samples_per_s, 2),
         "model_tflops": float(f"{tflops:.4g}"),
@@ -428,6 +432,10 @@ def run_training_case(
 
 
 def _free(device: torch.device) -> None:
+    """Between variants: memory back, and dynamo's compiled code dropped, so each variant compiles as a run of its
+    own does (the blocks' code is shared by every model in the process: variants that differ in autocast or
+    strides would otherwise pile up recompiles until dynamo's limit of 8 per function runs the rest eagerly)."""
+    torch._dynamo.reset()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

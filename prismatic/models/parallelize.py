@@ -195,6 +195,25 @@ def compile_blocks(vlm: PrismaticVLM) -> int:
     return len(blocks)
 
 
+def compiler_problem(device: torch.device) -> str | None:
+    """Why `torch.compile` cannot run on `device` in this environment, or None when it can.
+
+    Compiles and runs one tiny function (seconds, once per process), so that a broken toolchain (no C compiler, no
+    Triton, a card Triton does not support, an unwritable cache directory) shows at set-up, where training can go
+    on without compiling, instead of as a traceback inside the first step.
+    """
+    try:
+        torch.compile(_probe, dynamic=False)(torch.ones(4, device=device)).cpu()
+    except Exception as error:  # noqa: BLE001 - whatever fails, the compiler stack cannot be used here
+        first_line = next((line for line in str(error).splitlines() if line.strip()), "")
+        return f"{type(error).__name__}: {first_line.strip()}" if first_line else type(error).__name__
+    return None
+
+
+def _probe(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
 def apply_fsdp(
     vlm: PrismaticVLM,
     mesh: DeviceMesh,

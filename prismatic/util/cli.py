@@ -15,7 +15,8 @@ and so gets the same flag grammar, help and error handling:
   `--flag` is the value, so negative numbers are values (`--vla.learning_rate -1e-4`).
 - Values are read as YAML (`1e-4`, `true`, `null`, `[a, b]`), except that text and path fields keep the text
   as typed (`--run_id 007` stays "007"). A boolean flag alone means true; a field with `metadata={"bare": v}`
-  alone means v (`--resume` = `--resume latest`). A list field takes one or more values:
+  alone means v (`--resume` = `--resume latest`); a speed switch (`metadata={"switch": True}`: auto / on / off)
+  also takes true / false and alone means on. A list field takes one or more values:
   `--trackers jsonl wandb`, `--trackers jsonl,wandb` or `--trackers [jsonl, wandb]` (never five characters).
 - A choice-registry field (`--vla.type <preset>`) picks the preset whose values are the defaults of its fields;
   `--vla.*` flags alone override the default preset.
@@ -307,6 +308,12 @@ def _coerce(flag: Flag, given: _Given) -> Any:
         )
 
     value = given.value
+    if flag.switch:  # true / false for on / off (and the flag alone: on); other text is the config's to check
+        word = (value[0] if len(value) == 1 else None) if given.from_text else value
+        if given.from_text and not value:
+            return "on"
+        if str(word).strip().lower() in TRUE_WORDS + FALSE_WORDS:
+            return "on" if str(word).strip().lower() in TRUE_WORDS else "off"
     if given.from_text:
         if flag.choices:
             return value[0]

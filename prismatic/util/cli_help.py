@@ -41,6 +41,7 @@ class Flag:
     group: str  # the group it is listed under in --help
     choices: tuple[str, ...] = ()  # for a choice-registry's `type` key
     bare: Any = None  # the value of the flag given alone (field metadata "bare"), e.g. `--resume` -> "latest"
+    switch: bool = False  # an auto / on / off text field that also takes booleans (field metadata "switch")
 
     @property
     def required(self) -> bool:
@@ -84,8 +85,10 @@ def _flags(cls: type, choices: dict[str, str], prefix: str, group: str) -> list[
         elif dataclasses.is_dataclass(annotation):
             flags += _flags(annotation, choices, f"{name}.", group)
         else:
-            bare = field.metadata.get("bare")
-            flags.append(Flag(name, annotation, default_value(field), help_text, group, bare=bare))
+            bare, switch = field.metadata.get("bare"), bool(field.metadata.get("switch"))
+            flags.append(
+                Flag(name, annotation, default_value(field), help_text, group, bare=bare, switch=switch)
+            )
     return flags
 
 

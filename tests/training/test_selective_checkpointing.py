@@ -87,7 +87,7 @@ def _strategy(one_rank: DistInfo, policy: str | None, compile_blocks: bool = Fal
     vla.enable_mixed_precision_training = False
     vla.enable_gradient_checkpointing = policy is not None
     vla.checkpointing_policy = policy or "full"
-    vla.compile = compile_blocks
+    vla.compile = "on" if compile_blocks else "off"
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(STEPS)
     return strategy, head

@@ -9,6 +9,8 @@ as they were, so it is checked to resolve to off there and on on CUDA.
 from __future__ import annotations
 
 import copy
+import functools
+import logging
 
 import pytest
 import torch
@@ -17,6 +19,8 @@ from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.builders import attach_action_head
+from prismatic.models.lora import apply_lora
+from prismatic.models.parallelize import compiler_problem
 from prismatic.training.optim import adamw_implementation, build_optimizer
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.strategies.base import is_right_padded
@@ -54,7 +58,12 @@ def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("optimizer_impl", "apex"), ("logits_at_labels", "yes"), ("causal_mask_only", "true")],
+    [
+        ("optimizer_impl", "apex"),
+        ("logits_at_labels", "yes"),
+        ("causal_mask_only", "true"),
+        ("compile", "max"),
+    ],
 )
 def test_bad_speed_flag_is_refused_with_the_choices(field: str, value: str) -> None:
     with pytest.raises(
@@ -137,10 +146,14 @@ def test_adamw_implementations_give_the_default_update(implementation: str) -> N
     assert optimizers[1].param_groups[1]["weight_decay"] == 0.0  # norms and biases still undecayed
 
 
-def _losses(one_rank: DistInfo, compile_blocks: bool, steps: int = 5) -> list[float]:
+def _losses(one_rank: DistInfo, compile_blocks: bool, steps: int = 5, lora_ddp: bool = False) -> list[float]:
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
-    vla.compile = compile_blocks
+    vla.compile = "on" if compile_blocks else "off"
+    if lora_ddp:  # what `auto` compiles on CUDA, under the LIBERO presets' strategy
+        vla.use_lora, vla.train_strategy = True, "ddp"
+        vlm.freeze_backbones(vla.stage)
+        apply_lora(vlm, vla.lora_settings())
     vla.enable_mixed_precision_training = False
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(steps)
@@ -156,19 +169,79 @@ def _losses(one_rank: DistInfo, compile_blocks: bool, steps: int = 5) -> list[fl
     return losses
 
 
-def test_compiled_blocks_train_like_eager(one_rank: DistInfo) -> None:
-    """Five FSDP2 steps (activation checkpointing on) with every block compiled: the eager run's losses within
-    FP32 tolerance, and the checkpoint keys unchanged (blocks are compiled in place)."""
+@pytest.mark.parametrize("lora_ddp", [False, True], ids=["full-fsdp", "lora-ddp"])
+def test_compiled_blocks_train_like_eager(
+    one_rank: DistInfo, lora_ddp: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five steps (activation checkpointing on; a full fine-tune under FSDP2, LoRA under DDP) with every block
+    compiled: the eager run's losses within FP32 tolerance, and the checkpoint keys unchanged (blocks are compiled
+    in place). LoRA's run stops at AOTAutograd's graphs (`aot_eager`): the capture is what DDP and peft could
+    break, and inductor's C++ code generation, which GPUs do not run, would add half a minute."""
+    if lora_ddp:
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
-    eager = _losses(one_rank, compile_blocks=False)
-    compiled = _losses(one_rank, compile_blocks=True)
+    eager = _losses(one_rank, compile_blocks=False, lora_ddp=lora_ddp)
+    compiled = _losses(one_rank, compile_blocks=True, lora_ddp=lora_ddp)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # something was compiled
     assert eager[0] != eager[-1]  # the steps train
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
     vlm, _ = _tiny()
     keys = set(vlm.state_dict())
     vla = get_vla_config(VLA)
-    vla.compile = True
+    vla.compile = "on"
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(1)
+    assert strategy.compiled
     assert set(strategy.model.state_dict()) == keys
+
+
+def test_compile_auto_compiles_where_it_was_measured_faster() -> None:
+    """`auto` compiles on CUDA for LoRA runs and for runs without activation checkpointing (both measured faster on
+    GPUs), not for a full fine-tune with checkpointing (measured slower there), and never on CPU; on / off force."""
+    vla = get_vla_config(VLA)
+    expected_on_cuda = {(False, True): False, (False, False): True, (True, True): True, (True, False): True}
+    for (lora, checkpointing), on_cuda in expected_on_cuda.items():
+        vla.use_lora, vla.enable_gradient_checkpointing, vla.compile = lora, checkpointing, "auto"
+        assert (vla.compiles(CPU), vla.compiles(CUDA)) == (False, on_cuda)
+        vla.compile = "on"
+        assert (vla.compiles(CPU), vla.compiles(CUDA)) == (True, True)
+        vla.compile = "off"
+        assert (vla.compiles(CPU), vla.compiles(CUDA)) == (False, False)
+
+
+def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
+    one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the set-up's probe compile fails (no C compiler, no Triton), `auto` trains eagerly after one warning
+    naming the error, and `on` stops with an error naming it and `--vla.compile off`."""
+    assert compiler_problem(CPU) is None  # this machine's compiler stack works
+    compiled: list = []
+
+    def broken_compile(fn, **kwargs):
+        compiled.append(fn)
+
+        def run(*args, **kw):
+            raise RuntimeError("Compiler: cc is not found.\nThe rest of inductor's traceback.")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(VLAConfig, "compiles", lambda self, device: True)  # as `auto` is for LoRA on CUDA
+    vlm, head = _tiny()
+    vla = get_vla_config(VLA)
+    vla.enable_mixed_precision_training = False
+    strategy = get_train_strategy(vlm, vla, one_rank)
+    with caplog.at_level(logging.WARNING):
+        strategy.setup(1)
+    assert strategy.compiled is False and len(compiled) == 1  # the probe, and no block
+    assert "(RuntimeError: Compiler: cc is not found.): training without compiling" in caplog.text
+    head(strategy.model, strategy.to_device(synthetic_batch(vlm, head, 2))).loss.backward()  # eager training
+
+    vla = get_vla_config(VLA)
+    vla.compile = "on"
+    with pytest.raises(
+        ConfigError,
+        match=r"--vla.compile on, but torch.compile cannot run on cpu here \(RuntimeError: Compiler: cc is not "
+        r"found.\).*--vla.compile off",
+    ):
+        get_train_strategy(_tiny()[0], vla, one_rank).setup(1)

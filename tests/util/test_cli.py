@@ -135,6 +135,28 @@ def test_bad_config_files(tmp_path: Path, text: str, words: list[str]) -> None:
         parse("--config_path", str(tmp_path))
 
 
+def test_speed_switches_take_booleans_from_flags_and_old_config_files(tmp_path: Path) -> None:
+    """`--vla.compile` took true / false before it took auto / on / off: both spellings, the flag alone and a run's
+    earlier config.yaml (`compile: false`) still parse, to on / off; other words are refused with the choices."""
+
+    def vla(*args: str) -> VLAConfig:
+        return parse_config(TrainConfig, ["--vla.type", "tiny+mx-toy", *args]).vla
+
+    assert vla().compile == "auto"
+    for given, expected in [("true", "on"), ("false", "off"), ("yes", "on"), ("0", "off"), ("on", "on")]:
+        assert vla("--vla.compile", given).compile == expected
+    assert vla("--vla.compile").compile == "on"
+    assert vla("--vla.compile", "auto", "--vla.causal_mask_only", "no").causal_mask_only == "off"
+    path = tmp_path / "config.yaml"
+    path.write_text("vla:\n  type: tiny+mx-toy\n  compile: false\n  logits_at_labels: true\n")
+    cfg = parse_config(TrainConfig, ["--config_path", str(path)])
+    assert (cfg.vla.compile, cfg.vla.logits_at_labels, cfg.vla.causal_mask_only) == ("off", "on", "auto")
+    with pytest.raises(
+        ConfigError, match=r"Unknown compile 'max' \(--vla.compile\).*Valid choices: auto, on, off"
+    ):
+        vla("--vla.compile", "max")
+
+
 def test_vla_flags_without_type_override_the_default_preset() -> None:
     cfg = parse_config(TrainConfig, ["--vla.learning_rate", "1e-3", "--trackers", "jsonl"])
     assert cfg.vla.vla_id == TrainConfig().vla.vla_id and cfg.vla.learning_rate == 1e-3

@@ -19,12 +19,14 @@ from prismatic.models.parallelize import (
     apply_llm_activation_checkpointing,
     bf16_supported,
     compile_blocks,
+    compiler_problem,
     format_param_bytes,
     param_bytes_by_dtype,
 )
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.optim import adamw_implementation, build_lr_scheduler, build_optimizer
 from prismatic.util.dist import DistInfo
+from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class TrainingStrategy(ABC):
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.sync_every_micro_batch = False
         self.causal_mask_only = vla.speed_option("causal_mask_only", dist_info.device)
+        self.compiled = False  # whether `setup` compiled the blocks (`--vla.compile`)
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -75,7 +78,8 @@ class TrainingStrategy(ABC):
         device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
             apply_llm_activation_checkpointing(self.vlm, self.vla.checkpointing_policy)
-        if self.vla.compile:
+        self.compiled = self.vla.compiles(self.dist.device) and self._compiler_works()
+        if self.compiled:
             logger.info(
                 "torch.compile: %d blocks (compiled on their first forward)", compile_blocks(self.vlm)
             )
@@ -103,6 +107,27 @@ class TrainingStrategy(ABC):
             self.vla.warmup_ratio,
             self.vla.num_steps_before_decay,
         )
+
+    def _compiler_works(self) -> bool:
+        """Whether `torch.compile` runs here; where it does not, `--vla.compile on` is an error and `auto` trains
+        without it after one warning (a cluster node without a C compiler still trains, only slower)."""
+        device = self.dist.device
+        problem = compiler_problem(device)
+        if problem is None:
+            return True
+        if self.vla.compile == "on":
+            raise ConfigError(
+                f"--vla.compile on, but torch.compile cannot run on {device} here ({problem}). Inductor needs a "
+                "C compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.compile "
+                "off to train without compiling (or auto to fall back by itself)."
+            )
+        logger.warning(
+            "torch.compile cannot run on %s here (%s): training without compiling the blocks, which is slower. "
+            "--vla.compile off skips this check; --vla.compile on makes it an error.",
+            device,
+            problem,
+        )
+        return False
 
     # --- hooks the loop calls -------------------------------------------------------------------------------
     def accumulate(self, is_last_micro_batch: bool) -> contextlib.AbstractContextManager:
