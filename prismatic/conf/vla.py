@@ -106,12 +106,10 @@ class VLAConfig(ChoiceRegistry):
     # Speed. `auto` turns a means on where it was measured to win (CUDA) and leaves CPU runs as they were;
     # `on` / `off` force it (docs/performance.md has the figures).
     optimizer_impl: str = "auto"  # AdamW: auto (fused on CUDA), fused, foreach or for-loop
-    logits_at_labels: str = field(default="auto", metadata=SWITCH)  # tokens head: LM head at labels only
-    causal_mask_only: str = field(
-        default="auto", metadata=SWITCH
-    )  # right-padded batches drop the padding mask
+    logits_at_labels: str = field(default="auto", metadata=SWITCH)  # LM head only at labels: auto, on or off
+    causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
     prefetch_batches: int = 0  # batches made ahead on a background thread (transform, collate, pin); 0: off
-    compile: str = field(default="auto", metadata=SWITCH)  # compile each block (auto: CUDA, LoRA or no AC)
+    compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: on CUDA if LoRA or no AC
 
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
