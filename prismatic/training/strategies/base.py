@@ -81,7 +81,9 @@ class TrainingStrategy(ABC):
         self.compiled = self.vla.compiles(self.dist.device) and self._compiler_works()
         if self.compiled:
             logger.info(
-                "torch.compile: %d blocks (compiled on their first forward)", compile_blocks(self.vlm)
+                "torch.compile: %d blocks, compiled on their first forward (the first steps take longer; "
+                "--vla.compile off trains without)",
+                compile_blocks(self.vlm),
             )
         self.model = self.wrap_model()
         logger.info("Parameter memory: %s", format_param_bytes(param_bytes_by_dtype(self.model)))
