@@ -1,5 +1,5 @@
 """Training's CUDA paths on one GPU: NCCL, FSDP2 + bf16 + accumulation in both `--grad_sync` modes, CPU offload,
-DDP + autocast. Each step runs through `get_train_strategy(...).setup()` and training's own `train_loop`, and its
+DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`). Each step runs through `get_train_strategy(...).setup()` and training's own `train_loop`, and its
 loss and gradient norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
 
     make test-gpu                                            # on a GPU machine
