@@ -209,6 +209,21 @@ def test_compile_auto_compiles_where_it_was_measured_faster() -> None:
         assert (vla.compiles(CPU), vla.compiles(CUDA)) == (False, False)
 
 
+def test_set_up_logs_what_each_speed_flag_resolved_to(
+    one_rank: DistInfo, caplog: pytest.LogCaptureFixture
+) -> None:
+    """config.yaml records `auto`; the log says what ran: on CPU every `auto` is off, `on` shows as on."""
+    vlm, _ = _tiny()
+    vla = get_vla_config(VLA)
+    vla.causal_mask_only, vla.checkpointing_policy, vla.prefetch_batches = "on", "every-2", 3
+    with caplog.at_level(logging.INFO):
+        get_train_strategy(vlm, vla, one_rank).setup(1)
+    assert (
+        "Speed flags on cpu: AdamW default, LM head only at labels off, padding mask dropped on, compiled blocks "
+        "off, activation checkpointing every-2, prefetched batches 3 (docs/performance.md)."
+    ) in caplog.text
+
+
 def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
     one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

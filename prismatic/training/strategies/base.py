@@ -96,18 +96,33 @@ class TrainingStrategy(ABC):
                 if self.sync_every_micro_batch
                 else "once per step (unsharded gradients kept between micro-batches)",
             )
+        optimizer_impl = adamw_implementation(self.vla.optimizer_impl, self.dist.device)
         self.optimizer = build_optimizer(
-            self.model,
-            self.vla.learning_rate,
-            self.vla.weight_decay,
-            implementation=adamw_implementation(self.vla.optimizer_impl, self.dist.device),
+            self.model, self.vla.learning_rate, self.vla.weight_decay, implementation=optimizer_impl
         )
+        self._log_speed_flags(optimizer_impl)
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer,
             self.vla.lr_scheduler_type,
             num_training_steps,
             self.vla.warmup_ratio,
             self.vla.num_steps_before_decay,
+        )
+
+    def _log_speed_flags(self, optimizer_impl: str) -> None:
+        """One line with what each `auto` speed flag resolved to on this device (config.yaml records `auto`)."""
+        vla, device = self.vla, self.dist.device
+        checkpointing = vla.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
+        logger.info(
+            "Speed flags on %s: AdamW %s, LM head only at labels %s, padding mask dropped %s, compiled blocks %s, "
+            "activation checkpointing %s, prefetched batches %d (docs/performance.md).",
+            device.type,
+            optimizer_impl,
+            "on" if vla.speed_option("logits_at_labels", device) else "off",
+            "on" if self.causal_mask_only else "off",
+            "on" if self.compiled else "off",
+            checkpointing,
+            vla.prefetch_batches,
         )
 
     def _compiler_works(self) -> bool:
