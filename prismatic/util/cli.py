@@ -309,11 +309,11 @@ def _coerce(flag: Flag, given: _Given) -> Any:
 
     value = given.value
     if flag.switch:  # true / false for on / off (and the flag alone: on); other text is the config's to check
-        word = (value[0] if len(value) == 1 else None) if given.from_text else value
         if given.from_text and not value:
             return "on"
-        if str(word).strip().lower() in TRUE_WORDS + FALSE_WORDS:
-            return "on" if str(word).strip().lower() in TRUE_WORDS else "off"
+        word = str(value[0] if given.from_text and len(value) == 1 else value).strip().lower()
+        if word in TRUE_WORDS + FALSE_WORDS:
+            return "on" if word in TRUE_WORDS else "off"
     if given.from_text:
         if flag.choices:
             return value[0]

@@ -219,8 +219,8 @@ def test_set_up_logs_what_each_speed_flag_resolved_to(
     with caplog.at_level(logging.INFO):
         get_train_strategy(vlm, vla, one_rank).setup(1)
     assert (
-        "Speed flags on cpu: AdamW default, LM head only at labels off, padding mask dropped on, compiled blocks "
-        "off, activation checkpointing every-2, prefetched batches 3 (docs/performance.md)."
+        "Speed flags on cpu: AdamW default, LM head only at labels (tokens head) off, padding mask dropped on, "
+        "compiled blocks off, activation checkpointing every-2, prefetched batches 3 (docs/performance.md)."
     ) in caplog.text
 
 

@@ -114,8 +114,8 @@ class TrainingStrategy(ABC):
         vla, device = self.vla, self.dist.device
         checkpointing = vla.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
         logger.info(
-            "Speed flags on %s: AdamW %s, LM head only at labels %s, padding mask dropped %s, compiled blocks %s, "
-            "activation checkpointing %s, prefetched batches %d (docs/performance.md).",
+            "Speed flags on %s: AdamW %s, LM head only at labels (tokens head) %s, padding mask dropped %s, "
+            "compiled blocks %s, activation checkpointing %s, prefetched batches %d (docs/performance.md).",
             device.type,
             optimizer_impl,
             "on" if vla.speed_option("logits_at_labels", device) else "off",
