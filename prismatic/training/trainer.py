@@ -4,8 +4,9 @@ eval -> checkpoint.
 Everything it calls is swappable without touching it: the strategy (FSDP2 / DDP) says how gradients are synced
 and clipped, the action head computes the loss, the checkpoint manager decides when and how to save. Counters
 (step, epoch, frames consumed over all ranks) live in one dict that the checkpoint reads, so a checkpoint always
-holds the position the loop is at. Host syncs: one per step (the metrics' all-reduce, which also carries the
-ranks' preemption votes); the micro-batches never wait for the device.
+holds the position the loop is at. Host syncs: one per step by design (the metrics' all-reduce, which also carries
+the ranks' preemption votes), plus transformers' packed-sequence check in each unmasked LLM forward
+(`train_step`); nothing else in a step waits for the device.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from tqdm import tqdm
 
 from prismatic.models.action_heads import ActionHead
@@ -57,6 +59,33 @@ class LoopPlan:
     show_progress: bool = True
 
 
+def train_step(
+    strategy: TrainingStrategy,
+    head: ActionHead,
+    batches: Iterator[dict[str, Any]],
+    metrics: StepMetrics,
+) -> torch.Tensor:
+    """One optimizer step's device work: forward and backward over the step's micro-batches (their loss and sums
+    added to `metrics` on the device), clipping, the update. Returns the gradient norm, not waited for.
+
+    Nothing here waits for the device (tests/training/test_host_syncs.py pins it) but transformers' own
+    packed-sequence check at the start of an unmasked LLM forward, so the host queues the whole step ahead.
+    """
+    model, n_micro = strategy.model, strategy.grad_accumulation_steps
+    model.train()
+    for i in range(n_micro):
+        batch = strategy.to_device(next(batches))
+        with strategy.accumulate(is_last_micro_batch=i == n_micro - 1), strategy.autocast():
+            out = head(model, batch)
+            (out.loss / n_micro).backward()
+        metrics.update(out.loss, out.sums, batch["dataset_names"])
+    grad_norm = strategy.clip_grad_norm()
+    strategy.optimizer.step()
+    strategy.lr_scheduler.step()
+    strategy.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def train_loop(
     strategy: TrainingStrategy,
     head: ActionHead,
@@ -72,8 +101,6 @@ def train_loop(
     saving when a rank received SIGTERM / SIGINT.
     """
     checkpoints, validate, preemption = hooks.checkpoints, hooks.validate, hooks.preemption
-    model, optimizer, scheduler = strategy.model, strategy.optimizer, strategy.lr_scheduler
-    n_micro = strategy.grad_accumulation_steps
     last: dict[str, float] = {}
     bar = tqdm(
         total=plan.num_training_steps,
@@ -84,18 +111,8 @@ def train_loop(
     )
     for step in range(plan.start_step + 1, plan.num_training_steps + 1):
         started = time.perf_counter()
-        learning_rate = scheduler.get_last_lr()[0]
-        model.train()
-        for i in range(n_micro):
-            batch = strategy.to_device(next(batches))
-            with strategy.accumulate(is_last_micro_batch=i == n_micro - 1), strategy.autocast():
-                out = head(model, batch)
-                (out.loss / n_micro).backward()
-            metrics.update(out.loss, out.sums, batch["dataset_names"])
-        grad_norm = strategy.clip_grad_norm()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        learning_rate = strategy.lr_scheduler.get_last_lr()[0]
+        grad_norm = train_step(strategy, head, batches, metrics)
 
         counters.update(
             step=step,

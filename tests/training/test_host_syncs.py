@@ -1,0 +1,126 @@
+"""No host sync inside a training step: every call that would make the host wait for a CUDA device, recorded on
+CPU by where it is made (`tests/host_reads.py`).
+
+`train_step` (forward, backward, clipping and fused AdamW over two micro-batches, with what `auto` resolves to on
+CUDA: `causal_mask_only`, `logits_at_labels`, fused AdamW) makes one kind: transformers' packed-sequence check
+at the start of each unmasked LLM forward (`find_packed_sequence_indices` reads its result on the host; no public
+switch skips it). The step's metrics copy (`StepMetrics.reduce`) follows the step, by design. On a GPU
+`benchmarks/bench_gpu.py` counts the same two per LoRA step with `torch.cuda.set_sync_debug_mode`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from host_reads import HostReads
+
+from prismatic.conf.vla import get_vla_config
+from prismatic.models import build_vlm
+from prismatic.models.action_heads import ActionSpec, build_action_head
+from prismatic.models.lora import apply_lora
+from prismatic.training.metrics import StepMetrics
+from prismatic.training.strategies import get_train_strategy
+from prismatic.training.trainer import train_step
+from prismatic.util.dist import DistInfo
+from prismatic.vla.action_tokenizer import ActionTokenizer
+from prismatic.vla.datasets.synthetic import synthetic_batch
+
+PACKED_CHECK = "masking_utils.py:find_packed_sequence_indices"
+THIS = "test_host_syncs.py"
+
+
+def test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward() -> None:
+    """The recorder's own check, so that an empty record below means no read rather than a blind recorder."""
+
+    class ReadsInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad.sum().item()
+            return grad * 2
+
+    x = torch.randn(6, requires_grad=True)
+    with HostReads() as rec:
+        y = ReadsInBackward.apply(x)
+        _ = y[y > 0]  # boolean indexing
+        bool(y.sum() > 0)
+        y.detach().tolist()
+        y.detach().cpu()
+        y.detach().to("cpu")
+        torch.unique(y.detach())
+        rec.paused(lambda: y.sum().item())()  # not recorded
+        y.sum().backward()
+        with torch.inference_mode():  # as the policy decodes
+            torch.ones(2).sum().item()
+    assert [what for what, _ in rec.reads] == [
+        "index",
+        "_local_scalar_dense",  # bool(t)
+        "tolist",
+        "cpu",
+        "to",
+        "_unique2",
+        "_local_scalar_dense",
+        "item",
+    ]
+    here = f"{THIS}:test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward"
+    assert rec.sites == [here] * 6 + [f"{THIS}:backward", here]  # one read inside the backward pass
+
+
+def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: str):
+    torch.manual_seed(0)
+    vlm = build_vlm("tiny-vit+tiny-llama")
+    vla = get_vla_config("tiny+mx-toy")
+    # What `auto` resolves to on CUDA (tests/training/test_speed_options.py), forced on here.
+    vla.causal_mask_only, vla.logits_at_labels, vla.optimizer_impl = "on", "on", "fused"
+    vla.use_lora, vla.train_strategy = lora, train_strategy
+    vla.per_device_batch_size, vla.global_batch_size = 2, 4  # two micro-batches per step
+    vlm.freeze_backbones(vla.stage)
+    if lora:
+        apply_lora(vlm, vla.lora_settings())
+    spec = ActionSpec(action_dim=7)
+    if head_kind == "l1-chunk":
+        spec = ActionSpec(head="l1-chunk", chunk_size=4, action_dim=7)
+    vlm.attach_action_modules(spec)
+    head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
+    head.logits_at_labels = vla.speed_option("logits_at_labels", one_rank.device)
+    strategy = get_train_strategy(vlm, vla, one_rank)
+    strategy.setup(num_training_steps=4)
+    return vlm, head, strategy
+
+
+@pytest.mark.parametrize(
+    ("head_kind", "lora", "train_strategy", "expected_per_forward"),
+    [
+        ("tokens", True, "fsdp-full-shard", [PACKED_CHECK]),
+        ("tokens", False, "ddp", [PACKED_CHECK]),
+        ("l1-chunk", True, "fsdp-full-shard", []),  # its parallel decoding passes a mask of its own
+    ],
+    ids=["tokens-lora-fsdp", "tokens-full-ddp", "l1chunk-lora-fsdp"],
+)
+def test_a_training_step_reads_the_device_only_in_transformers_packed_check(
+    one_rank: DistInfo,
+    monkeypatch: pytest.MonkeyPatch,
+    head_kind: str,
+    lora: bool,
+    train_strategy: str,
+    expected_per_forward: list[str],
+) -> None:
+    vlm, head, strategy = _strategy(one_rank, head_kind, lora, train_strategy)
+    assert strategy.grad_accumulation_steps == 2 and strategy.causal_mask_only
+    batches = iter([synthetic_batch(vlm, head, 2, seed=seed) for seed in range(4)])
+    metrics = StepMetrics(["synthetic"], head, one_rank.device)
+    trainable = [p for p in strategy.model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in trainable]
+    to_device = strategy.to_device
+    for _ in range(2):  # the second step also runs AdamW over its state
+        with HostReads() as rec:
+            # `to_device` decides on the host copy of the mask (tests/training/test_speed_options.py).
+            monkeypatch.setattr(strategy, "to_device", rec.paused(to_device))
+            grad_norm = train_step(strategy, head, batches, metrics)
+        assert rec.sites == expected_per_forward * 2, rec.reads
+    assert torch.isfinite(grad_norm) and grad_norm > 0
+    assert any(not torch.equal(p.detach(), b) for p, b in zip(trainable, before, strict=True))  # it trained
+    assert metrics.reduce(grad_norm)["loss"] > 0  # the step's one copy, after it
