@@ -126,6 +126,16 @@ def _run_while_others_wait(
         dist.destroy_process_group(group)
 
 
+def first_over_ranks(value: T | None) -> tuple[int, T] | None:
+    """`(rank, value)` of the lowest rank whose `value` is not None, the same on every rank; None where no rank has
+    one. Small picklable values only (one `all_gather_object`). Collective; in one process, this rank's."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None if value is None else (0, value)
+    values: list[T | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return next(((rank, v) for rank, v in enumerate(values) if v is not None), None)
+
+
 def call_and_agree(fn: Callable[[], T]) -> T:
     """`fn()` on every rank, then one exchange of whether it failed anywhere: if it raised on some rank, every rank
     raises (that rank its own exception; the others a `ConfigError` with the lowest failing rank's message when that
@@ -137,16 +147,13 @@ def call_and_agree(fn: Callable[[], T]) -> T:
         result = fn()
     except Exception as e:  # every kind: any rank that stops here must stop the others too
         error = e
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        failures: list[tuple[bool, str] | None] = [None] * dist.get_world_size()
-        mine = None if error is None else (isinstance(error, ConfigError), f"{type(error).__name__}: {error}")
-        dist.all_gather_object(failures, mine)
-        found = [(rank, failure) for rank, failure in enumerate(failures) if failure is not None]
-        if found and error is None:
-            rank, (is_config, message) = found[0]
-            if is_config:
-                raise ConfigError(message.removeprefix("ConfigError: "))
-            raise RuntimeError(f"rank {rank} failed ({message}), so this rank stops too")
+    mine = None if error is None else (isinstance(error, ConfigError), f"{type(error).__name__}: {error}")
+    found = first_over_ranks(mine)
+    if found is not None and error is None:
+        rank, (is_config, message) = found
+        if is_config:
+            raise ConfigError(message.removeprefix("ConfigError: "))
+        raise RuntimeError(f"rank {rank} failed ({message}), so this rank stops too")
     if error is not None:
         raise error
     return result

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
@@ -22,7 +27,7 @@ from prismatic.models.builders import attach_action_head
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import compiler_problem
 from prismatic.training.optim import adamw_implementation, build_optimizer
-from prismatic.training.strategies import get_train_strategy
+from prismatic.training.strategies import base, get_train_strategy
 from prismatic.training.strategies.base import is_right_padded
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
@@ -249,7 +254,10 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
     with caplog.at_level(logging.WARNING):
         strategy.setup(1)
     assert strategy.compiled is False and len(compiled) == 1  # the probe, and no block
-    assert "(RuntimeError: Compiler: cc is not found.): training without compiling" in caplog.text
+    assert (
+        "torch.compile cannot run on cpu here (RuntimeError: Compiler: cc is not found.): every rank trains "
+        "without compiling"
+    ) in caplog.text
     head(strategy.model, strategy.to_device(synthetic_batch(vlm, head, 2))).loss.backward()  # eager training
 
     vla = get_vla_config(VLA)
@@ -260,3 +268,48 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
         r"found.\).*--vla.compile off",
     ):
         get_train_strategy(_tiny()[0], vla, one_rank).setup(1)
+
+
+def _probe_on_two_ranks(rank: int, store: str, out: str, setting: str) -> None:
+    """Rank 1's compiler is broken, rank 0's works: record what each rank's set-up did."""
+    os.environ["LOCAL_WORLD_SIZE"] = "2"  # one node of two ranks, as torchrun would say
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    base.compiler_problem = lambda device: "RuntimeError: cc is not found." if rank == 1 else None
+    VLAConfig.compiles = lambda self, device: True  # as `auto` is for LoRA on CUDA
+    vla = get_vla_config(VLA)
+    vla.compile, vla.enable_mixed_precision_training = setting, False
+    strategy = get_train_strategy(_tiny()[0], vla, DistInfo(rank, rank, 2, 1, CPU))
+    records: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger(base.__name__).addHandler(handler)
+    try:
+        strategy.setup(1)
+        result = {"compiled": strategy.compiled, "warnings": records}
+    except ConfigError as error:
+        result = {"error": str(error)}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("setting", ["auto", "on"])
+def test_ranks_agree_when_the_compiler_fails_on_one(tmp_path: Path, setting: str) -> None:
+    """All ranks compile or none (the same graphs, the same numbers): a probe failing on rank 1 alone sends both
+    ranks eager under `auto`, and stops both under `on`, rank 0 naming rank 1."""
+    mp.spawn(_probe_on_two_ranks, args=(str(tmp_path / "store"), str(tmp_path), setting), nprocs=2, join=True)
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    if setting == "auto":
+        assert zero["compiled"] is False and one["compiled"] is False
+        assert zero["warnings"] == [
+            "torch.compile cannot run on rank 1's cpu device (RuntimeError: cc is not found.): every rank trains "
+            "without compiling the blocks, which is slower. --vla.compile off skips this check; --vla.compile on "
+            "makes it an error."
+        ]
+        assert one["warnings"][0].startswith("torch.compile cannot run on cpu here (RuntimeError: cc is not")
+    else:
+        assert zero["error"].startswith(
+            "--vla.compile on, but torch.compile cannot run on rank 1's cpu device (RuntimeError: cc is not found.)."
+        )
+        assert one["error"].startswith(
+            "--vla.compile on, but torch.compile cannot run on cpu here (RuntimeError: cc is not found.)."
+        )

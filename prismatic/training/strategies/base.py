@@ -25,7 +25,7 @@ from prismatic.models.parallelize import (
 )
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.optim import adamw_implementation, build_lr_scheduler, build_optimizer
-from prismatic.util.dist import DistInfo
+from prismatic.util.dist import DistInfo, first_over_ranks
 from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -126,22 +126,25 @@ class TrainingStrategy(ABC):
         )
 
     def _compiler_works(self) -> bool:
-        """Whether `torch.compile` runs here; where it does not, `--vla.compile on` is an error and `auto` trains
-        without it after one warning (a cluster node without a C compiler still trains, only slower)."""
+        """Whether `torch.compile` runs on every rank; where it does not, `--vla.compile on` is an error and `auto`
+        trains without it after one warning (a cluster node without a C compiler still trains, only slower). The
+        ranks agree (collective), so that all of them compile or none: the same graphs, the same numbers."""
         device = self.dist.device
-        problem = compiler_problem(device)
-        if problem is None:
+        found = first_over_ranks(compiler_problem(device))
+        if found is None:
             return True
+        rank, problem = found
+        where = f"{device} here" if rank == self.dist.rank else f"rank {rank}'s {device.type} device"
         if self.vla.compile == "on":
             raise ConfigError(
-                f"--vla.compile on, but torch.compile cannot run on {device} here ({problem}). Inductor needs a "
-                "C compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.compile "
-                "off to train without compiling (or auto to fall back by itself)."
+                f"--vla.compile on, but torch.compile cannot run on {where} ({problem}). Inductor needs a C "
+                "compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.compile off "
+                "to train without compiling (or auto to fall back by itself)."
             )
         logger.warning(
-            "torch.compile cannot run on %s here (%s): training without compiling the blocks, which is slower. "
-            "--vla.compile off skips this check; --vla.compile on makes it an error.",
-            device,
+            "torch.compile cannot run on %s (%s): every rank trains without compiling the blocks, which is "
+            "slower. --vla.compile off skips this check; --vla.compile on makes it an error.",
+            where,
             problem,
         )
         return False
