@@ -1,6 +1,7 @@
 """Training's CUDA paths on one GPU: NCCL, FSDP2 + bf16 + accumulation in both `--grad_sync` modes, CPU offload,
-DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`). Each step runs through `get_train_strategy(...).setup()` and training's own `train_loop`, and its
-loss and gradient norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
+DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`), a step's host syncs. Each step runs through
+`get_train_strategy(...).setup()` and training's own `train_loop` (or its `train_step`), and its loss and gradient
+norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
 
     make test-gpu                                            # on a GPU machine
     PRISMATIC_GPU_TESTS_ON_CPU=1 pytest -q tests/gpu        # the CPU-capable ones, here
@@ -8,10 +9,13 @@ loss and gradient norm are checked against the same steps on the CPU in FP32 (`g
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.distributed as dist
 from gpu_setup import (
+    DATASET,
     assert_matches_reference,
     build,
     local,
@@ -24,6 +28,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from prismatic.training.metrics import StepMetrics
+from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
 
 pytestmark = pytest.mark.gpu
@@ -137,3 +143,30 @@ def test_lora_compiles_its_blocks_by_default_and_matches_cpu(
     assert built.strategy.compiled is (process_group.device.type == "cuda")
     batches = micro_batches(built, 2 if bf16 else 4)
     assert_matches_reference(train_steps(built, batches), reference_steps(built, vla, batches, n_micro=2))
+
+
+@pytest.mark.parametrize("strategy_name", ["fsdp-full-shard", "ddp"])
+def test_a_lora_step_waits_for_the_gpu_once_per_forward(
+    cuda_device: torch.device, process_group: DistInfo, strategy_name: str
+) -> None:
+    """The host syncs tests/training/test_host_syncs.py pins on CPU, counted on CUDA (`set_sync_debug_mode`):
+    `train_step` waits once per micro-batch (transformers' packed-sequence check at the start of the unmasked LLM
+    forward), and never in backward, clipping or fused AdamW. The defaults on CUDA: mask dropped, blocks compiled."""
+    vla = tiny_vla(use_lora=True, train_strategy=strategy_name)
+    built = build(vla, process_group, grad_sync="step")
+    strategy = built.strategy
+    assert strategy.causal_mask_only and strategy.compiled
+    batches = iter(micro_batches(built, 6))
+    metrics = StepMetrics([DATASET], built.head, cuda_device)
+    for _ in range(2):  # compiling, lazy initialisation, DDP's bucket rebuild
+        train_step(strategy, built.head, batches, metrics)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_step(strategy, built.head, batches, metrics)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == strategy.grad_accumulation_steps == 2, syncs
