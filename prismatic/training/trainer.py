@@ -68,8 +68,9 @@ def train_step(
     """One optimizer step's device work: forward and backward over the step's micro-batches (their loss and sums
     added to `metrics` on the device), clipping, the update. Returns the gradient norm, not waited for.
 
-    Nothing here waits for the device (tests/training/test_host_syncs.py pins it) but transformers' own
-    packed-sequence check at the start of an unmasked LLM forward, so the host queues the whole step ahead.
+    Nothing here waits for the device (tests/training/test_host_syncs.py pins it) but transformers' own mask checks
+    at the start of each LLM forward (one, its packed-sequence check, where `causal_mask_only` dropped the mask), so
+    the host queues the step's work ahead of the GPU.
     """
     model, n_micro = strategy.model, strategy.grad_accumulation_steps
     model.train()
