@@ -82,8 +82,9 @@ class HostReads:
                 name = func.overloadpacket.__name__
                 if name in READING_OPS or (name.startswith("index") and _bool_index(args)):
                     recorder._record(name)
-                elif name == "repeat_interleave" and (kwargs or {}).get("output_size") is None:
-                    recorder._record(name)
+                elif name == "repeat_interleave" and "Tensor" in func._overloadname:  # tensor repeats
+                    if (kwargs or {}).get("output_size") is None:  # (the output's size is read from them)
+                        recorder._record(name)
                 recorder.ops.append(name)
                 return func(*args, **(kwargs or {}))
 

@@ -51,6 +51,9 @@ def test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward() -> N
         y.detach().cpu()
         y.detach().to("cpu")
         torch.unique(y.detach())
+        y.detach().repeat_interleave(torch.ones(6, dtype=torch.long))  # read: the output's size
+        y.detach().repeat_interleave(torch.ones(6, dtype=torch.long), output_size=6)  # not read: given
+        y.detach().repeat_interleave(2)  # not read: an int
         rec.paused(lambda: y.sum().item())()  # not recorded
         y.sum().backward()
         with torch.inference_mode():  # as the policy decodes
@@ -62,11 +65,12 @@ def test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward() -> N
         "cpu",
         "to",
         "_unique2",
+        "repeat_interleave",
         "_local_scalar_dense",
         "item",
     ]
     here = f"{THIS}:test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward"
-    assert rec.sites == [here] * 6 + [f"{THIS}:backward", here]  # one read inside the backward pass
+    assert rec.sites == [here] * 7 + [f"{THIS}:backward", here]  # one read inside the backward pass
 
 
 def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: str):
