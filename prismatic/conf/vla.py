@@ -128,10 +128,8 @@ class VLAConfig(ChoiceRegistry):
         checkpointing (1B full fine-tune: 1.23x). A full fine-tune with checkpointing was slower compiled (1B: 728
         against 662 ms per step), so it stays eager there.
         """
-        if self.compile != "auto":
-            return self.compile == "on"
         measured_faster = self.use_lora or not self.enable_gradient_checkpointing
-        return getattr(device, "type", device) == "cuda" and measured_faster
+        return self.speed_option("compile", device) and (self.compile == "on" or measured_faster)
 
     def lora_settings(self) -> LoraSettings | None:
         """The LoRA settings when `use_lora`, else None."""

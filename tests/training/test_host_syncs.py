@@ -15,18 +15,16 @@ import torch
 from host_reads import HostReads
 
 from prismatic.conf.vla import get_vla_config
-from prismatic.models import build_vlm
-from prismatic.models.action_heads import ActionSpec, build_action_head
-from prismatic.models.lora import apply_lora
+from prismatic.models.builders import attach_action_head, build_vlm
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
-from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets.synthetic import synthetic_batch
 
 PACKED_CHECK = "masking_utils.py:find_packed_sequence_indices"
 THIS = "test_host_syncs.py"
+DATASET = "synthetic"  # the dataset name `synthetic_batch` gives every frame
 
 
 def test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward() -> None:
@@ -74,22 +72,16 @@ def test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward() -> N
 
 
 def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: str):
+    """The model, head and set-up strategy as training builds them (`prismatic.models.builders`)."""
     torch.manual_seed(0)
-    vlm = build_vlm("tiny-vit+tiny-llama")
     vla = get_vla_config("tiny+mx-toy")
     # What `auto` resolves to on CUDA (tests/training/test_speed_options.py), forced on here.
     vla.causal_mask_only, vla.logits_at_labels, vla.optimizer_impl = "on", "on", "fused"
     vla.use_lora, vla.train_strategy = lora, train_strategy
+    vla.action_head, vla.chunk_size = head_kind, 4 if head_kind == "l1-chunk" else 1
     vla.per_device_batch_size, vla.global_batch_size = 2, 4  # two micro-batches per step
-    vlm.freeze_backbones(vla.stage)
-    if lora:
-        apply_lora(vlm, vla.lora_settings())
-    spec = ActionSpec(action_dim=7)
-    if head_kind == "l1-chunk":
-        spec = ActionSpec(head="l1-chunk", chunk_size=4, action_dim=7)
-    vlm.attach_action_modules(spec)
-    head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
-    head.logits_at_labels = vla.speed_option("logits_at_labels", one_rank.device)
+    vlm = build_vlm(vla, None)
+    head = attach_action_head(vlm, vla, {DATASET: {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(num_training_steps=4)
     return vlm, head, strategy
@@ -115,7 +107,7 @@ def test_a_training_step_reads_the_device_only_in_transformers_packed_check(
     vlm, head, strategy = _strategy(one_rank, head_kind, lora, train_strategy)
     assert strategy.grad_accumulation_steps == 2 and strategy.causal_mask_only
     batches = iter([synthetic_batch(vlm, head, 2, seed=seed) for seed in range(4)])
-    metrics = StepMetrics(["synthetic"], head, one_rank.device)
+    metrics = StepMetrics([DATASET], head, one_rank.device)
     trainable = [p for p in strategy.model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in trainable]
     to_device = strategy.to_device
