@@ -18,8 +18,9 @@ device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, hos
 that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
 cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
-eager), `new` the defaults (`auto`: on a GPU the LoRA cases compile their blocks); `+compile`, `+no-compile`,
-`+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+ddp` and `+grad-op` change one means each
+eager, each step read before the next is queued), `new` the defaults (`auto`: on a GPU the LoRA cases compile
+their blocks, and steps overlap); `+compile`, `+no-compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`,
+`+prefetch`, `+no-overlap`, `+ddp` and `+grad-op` change one means each
 (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
 own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
@@ -121,6 +122,7 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "no-ac": {"enable_gradient_checkpointing": False},
     "live-data": {},  # batches made by the transform and collator on every step, on the loop's thread
     "prefetch": {"prefetch_batches": 2},  # the same live batches, made by the prefetch thread
+    "no-overlap": {"overlap_steps": "off"},  # each step's metrics read before the next step is queued
     # One GPU without FSDP2's per-layer copies: on a group of one, FSDP2 still copies every parameter it gathers
     # (the 7B frozen weights, twice a step); DDP + autocast computes on them in place.
     "ddp": {"train_strategy": "ddp"},
@@ -230,6 +232,7 @@ def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None 
         logits_at_labels="off" if before else "auto",
         causal_mask_only="off" if before else "auto",
         compile="off" if before else "auto",
+        overlap_steps="off" if before else "auto",
     )
     for name, value in {**variant_overrides, **(overrides or {})}.items():
         setattr(vla, name, value)
@@ -393,7 +396,15 @@ def run_training_case(
         stream_iter = live_batches if live else itertools.cycle(batches)
 
         def steps(start: int, end: int) -> None:
-            plan = LoopPlan(start, end, 10**9, case.batch * case.accumulation, None, show_progress=False)
+            plan = LoopPlan(
+                start,
+                end,
+                10**9,
+                case.batch * case.accumulation,
+                None,
+                show_progress=False,
+                overlap_steps=vla.speed_option("overlap_steps", device),
+            )
             train_loop(strategy, head, stream_iter, metrics, plan, counters, hooks)
 
         started = time.perf_counter()

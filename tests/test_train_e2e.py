@@ -20,6 +20,7 @@ from train_runs import (
     REPO,
     SAVE_EVERY,
     STEPS,
+    assert_same_training_curve,
     checkpoints,
     consolidated,
     parameter_memory_line,
@@ -79,6 +80,26 @@ def test_run_folder_contents(full_run: Path):
     wandb_id = (full_run / "wandb_run_id.txt").read_text().strip()
     offline = list((full_run / "wandb").glob(f"offline-run-*-{wandb_id}"))
     assert len(offline) == 1 and (offline[0] / f"run-{wandb_id}.wandb").stat().st_size > 0
+
+
+def test_overlapped_steps_train_like_the_reference_run(full_run: Path, toy_data_root: Path, tmp_path: Path):
+    """`--vla.overlap_steps on` (CUDA's default) on 2 CPU processes: each step read after the next one is queued,
+    except at evaluations and saves. Every logged figure, the evaluations, the checkpoints and the final weights
+    are the reference run's (`==`)."""
+    extra = ("--eval.interval", "3", "--eval.num_batches", "1", "--vla.overlap_steps", "on")
+    proc = run_train(tiny_args(toy_data_root, tmp_path, "overlapped", *extra))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "steps overlapped on" in proc.stderr
+    run_dir = tmp_path / "overlapped"
+    full, overlapped = read_metrics(full_run), read_metrics(run_dir)
+    assert_same_training_curve(full, overlapped)
+    assert [r.get("val/loss") for r in overlapped] == [r.get("val/loss") for r in full]
+    assert sorted(checkpoints(run_dir)) == [3, 6]
+    for step in (3, 6):
+        assert load_checkpoint_file(checkpoints(run_dir)[step])["train_state"]["step"] == step
+    ours = consolidated(checkpoints(run_dir)[STEPS], tmp_path)["model"]
+    for key, value in consolidated(checkpoints(full_run)[STEPS], tmp_path)["model"].items():
+        assert torch.equal(ours[key], value), key
 
 
 def test_checkpoint_loads_without_distributed_setup(full_run: Path):

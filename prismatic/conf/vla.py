@@ -110,6 +110,7 @@ class VLAConfig(ChoiceRegistry):
     causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
     prefetch_batches: int = 0  # batches made ahead on a background thread (transform, collate, pin); 0: off
     compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: on CUDA if LoRA or no AC
+    overlap_steps: str = field(default="auto", metadata=SWITCH)  # read metrics after queuing the next step
 
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
@@ -178,6 +179,7 @@ class VLAConfig(ChoiceRegistry):
             ("logits_at_labels", self.logits_at_labels, SPEED_SWITCHES),
             ("causal_mask_only", self.causal_mask_only, SPEED_SWITCHES),
             ("compile", self.compile, SPEED_SWITCHES),
+            ("overlap_steps", self.overlap_steps, SPEED_SWITCHES),
         ):
             if value not in choices:
                 raise ConfigError(

@@ -90,6 +90,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         global_batch_size=cfg.vla.global_batch_size,
         eval_interval=cfg.eval.interval,
         show_progress=dist_info.is_main,
+        overlap_steps=cfg.vla.speed_option("overlap_steps", dist_info.device),
     )
     try:
         with (

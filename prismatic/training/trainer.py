@@ -4,13 +4,14 @@ eval -> checkpoint.
 Everything it calls is swappable without touching it: the strategy (FSDP2 / DDP) says how gradients are synced
 and clipped, the action head computes the loss, the checkpoint manager decides when and how to save. Counters
 (step, epoch, frames consumed over all ranks) live in one dict that the checkpoint reads, so a checkpoint always
-holds the position the loop is at. Host syncs: one per step by design (the metrics' all-reduce, which also carries
-the ranks' preemption votes), plus transformers' packed-sequence check in each unmasked LLM forward
-(`train_step`); nothing else in a step waits for the device.
+holds the position the loop is at. Host syncs: one per step by design (reading the metrics' all-reduce, which also
+carries the ranks' preemption votes; with `--vla.overlap_steps` after the next step is queued), plus transformers'
+packed-sequence check in each unmasked LLM forward (`train_step`); nothing else in a step waits for the device.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ import torch
 from tqdm import tqdm
 
 from prismatic.models.action_heads import ActionHead
-from prismatic.training.metrics import StepMetrics
+from prismatic.training.metrics import PendingMetrics, StepMetrics
 from prismatic.training.preemption import Preempted, PreemptionHandler
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.training.trackers import Tracker
+
+logger = logging.getLogger(__name__)
 
 
 class Checkpoints(Protocol):
@@ -57,6 +60,7 @@ class LoopPlan:
     global_batch_size: int  # frames consumed per step over all ranks
     eval_interval: int | None
     show_progress: bool = True
+    overlap_steps: bool = False  # read a step's metrics after queuing the next (`--vla.overlap_steps`)
 
 
 def train_step(
@@ -100,54 +104,117 @@ def train_loop(
 
     `hooks.checkpoints.save(blocking)` writes a checkpoint of the current `counters`. Raises `Preempted` after
     saving when a rank received SIGTERM / SIGINT.
-    """
-    checkpoints, validate, preemption = hooks.checkpoints, hooks.validate, hooks.preemption
-    last: dict[str, float] = {}
-    bar = tqdm(
-        total=plan.num_training_steps,
-        initial=plan.start_step,
-        desc="train",
-        disable=not plan.show_progress,
-        dynamic_ncols=True,
-    )
-    for step in range(plan.start_step + 1, plan.num_training_steps + 1):
-        started = time.perf_counter()
-        learning_rate = strategy.lr_scheduler.get_last_lr()[0]
-        grad_norm = train_step(strategy, head, batches, metrics)
 
-        counters.update(
-            step=step,
-            epoch=step // plan.steps_per_epoch,
-            frames=counters["frames"] + plan.global_batch_size,
+    With `plan.overlap_steps` a step's metrics are read after the next step is queued, so the device goes from
+    one step to the next without waiting for the host (its logging, checks and next batch). Steps that evaluate,
+    save or end the run are read at once, before anything else runs: evaluation and checkpoints see that step's
+    state, and every step is logged, in order. The ranks' agreement on a signal then comes one step later, and
+    the run stops (and saves) at the step after the one it would stop at otherwise.
+    """
+    checkpoints, validate = hooks.checkpoints, hooks.validate
+    log = _StepLog(plan, hooks)
+    pending: _Reading | None = None
+    try:
+        for step in range(plan.start_step + 1, plan.num_training_steps + 1):
+            started = time.perf_counter()
+            learning_rate = strategy.lr_scheduler.get_last_lr()[0]
+            grad_norm = train_step(strategy, head, batches, metrics)
+            counters.update(
+                step=step,
+                epoch=step // plan.steps_per_epoch,
+                frames=counters["frames"] + plan.global_batch_size,
+            )
+            # This rank's signal votes, summed over the ranks by the metrics' all-reduce: no collective.
+            votes = hooks.preemption.votes()
+            reading = _Reading(
+                step,
+                metrics.start(grad_norm, also_sum=votes),
+                votes,
+                started,
+                {"learning_rate": learning_rate, "epoch": counters["epoch"], "frames": counters["frames"]},
+            )
+            # The step before, if left pending: its work is done, or is the last before this step's.
+            signum = log.write(pending) if pending is not None else 0
+            pending = None
+            is_last = step == plan.num_training_steps
+            evaluates = validate is not None and (step % plan.eval_interval == 0 or is_last)
+            saves = checkpoints.should_save(step, is_last)
+            if plan.overlap_steps and not (evaluates or saves or is_last or signum):
+                pending = reading
+            else:  # the signal agreed on (the same on every rank), in this step's votes or the step before's
+                signum = log.write(reading, validate if evaluates else None) or signum
+            if signum or saves:
+                checkpoints.save(bool(signum) or is_last)
+            checkpoints.poll()
+            if signum:
+                raise Preempted(signum, step)
+    except BaseException:
+        if pending is not None:  # the step before the failure: its record still reaches the trackers
+            log.write_quietly(pending)
+        raise
+    finally:
+        log.close()
+    checkpoints.wait()
+    return log.last
+
+
+@dataclass
+class _Reading:
+    """A step whose metrics are on their way to the host, with what its log record needs besides them."""
+
+    step: int
+    metrics: PendingMetrics
+    votes: torch.Tensor
+    started: float  # when the loop began queuing the step
+    figures: dict[str, float]  # learning rate, epoch, frames
+
+
+class _StepLog:
+    """Reads a step's metrics, adds evaluation and timing, hands the record to the trackers and the progress bar."""
+
+    def __init__(self, plan: LoopPlan, hooks: LoopHooks) -> None:
+        self.plan, self.hooks = plan, hooks
+        self.last: dict[str, float] = {}
+        self.last_read = float("-inf")
+        self.bar = tqdm(
+            total=plan.num_training_steps,
+            initial=plan.start_step,
+            desc="train",
+            disable=not plan.show_progress,
+            dynamic_ncols=True,
         )
-        votes = preemption.votes()  # summed over the ranks by the metrics' all-reduce: no collective
-        last = metrics.reduce(grad_norm, also_sum=votes)
-        step_time = time.perf_counter() - started
+
+    def write(self, reading: _Reading, validate: Callable[[], dict[str, float]] | None = None) -> int:
+        """Log `reading`'s step; returns the signal the ranks agreed on in its votes (0: none)."""
+        last = reading.metrics.result()
+        now = time.perf_counter()
+        # From when the step was queued, or when the step before it was read if that came later: with overlap,
+        # the interval between two steps' ends, which is the device's step time once the host runs ahead.
+        step_time = now - max(self.last_read, reading.started)
+        self.last_read = now
         last.update(
-            learning_rate=learning_rate,
-            epoch=counters["epoch"],
-            frames=counters["frames"],
+            reading.figures,
             step_time_s=step_time,
-            samples_per_s=plan.global_batch_size / step_time,
+            samples_per_s=self.plan.global_batch_size / step_time,
         )
-        is_last = step == plan.num_training_steps
-        if validate is not None and (step % plan.eval_interval == 0 or is_last):
+        if validate is not None:
             last.update(validate())
-        for tracker in hooks.trackers:
-            tracker.log(step, last)
-        bar.set_postfix(
+        for tracker in self.hooks.trackers:
+            tracker.log(reading.step, last)
+        self.bar.set_postfix(
             loss=f"{last['loss']:.4f}",
             **{k: f"{last[k]:.3f}" for k in ("action_accuracy", "l1_loss") if k in last and k != "loss"},
         )
-        bar.update()
+        self.bar.update()
+        self.last = last
+        return self.hooks.preemption.agreed(reading.votes)
 
-        signum = preemption.agreed(votes)  # the same on every rank
-        if signum or checkpoints.should_save(step, is_last):
-            checkpoints.save(bool(signum) or is_last)
-        checkpoints.poll()
-        if signum:
-            bar.close()
-            raise Preempted(signum, step)
-    bar.close()
-    checkpoints.wait()
-    return last
+    def write_quietly(self, reading: _Reading) -> None:
+        """`write` while another error is on its way up: a failure here must not hide that one."""
+        try:
+            self.write(reading)
+        except Exception:  # noqa: BLE001 (the error being raised is the one to report)
+            logger.warning("Could not log step %d's metrics after the failure below.", reading.step)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -170,3 +170,26 @@ def test_a_lora_step_waits_for_the_gpu_once_per_forward(
             torch.cuda.set_sync_debug_mode(0)
     syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) == strategy.grad_accumulation_steps == 2, syncs
+
+
+class _SumsHead:
+    """What StepMetrics reads from a head: its sum columns and ratios."""
+
+    columns = ("hits", "tokens")
+    ratios = {"loss": ("hits", "tokens"), "accuracy": ("hits", "tokens")}
+
+
+def test_a_steps_metrics_wait_for_that_step_alone(cuda_device: torch.device, process_group: DistInfo) -> None:
+    """`--vla.overlap_steps` (on by default on CUDA): `start` queues the all-reduce and the copy to pinned host
+    memory; `result` waits for them, not for the work queued after (the next step), which is still running."""
+    metrics = StepMetrics([DATASET], _SumsHead(), cuda_device)
+    sums = torch.tensor([[3.0, 4.0]], device=cuda_device)
+    metrics.update(torch.tensor(0.5, device=cuda_device), sums, [DATASET])
+    votes = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    pending = metrics.start(torch.tensor(2.0, device=cuda_device), also_sum=votes)
+    torch.cuda._sleep(2_000_000_000)  # about a second of device time, queued after the step
+    out = pending.result()
+    assert not torch.cuda.current_stream().query()  # the later work is still running
+    assert out == {"loss": 0.5, "accuracy": 3.0 / 4.0, "grad_norm": 2.0}
+    assert votes.tolist() == [1.0, 0.0]
+    torch.cuda.synchronize()

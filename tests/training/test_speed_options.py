@@ -49,7 +49,7 @@ def _tiny(spec: ActionSpec = ActionSpec(action_dim=7)):
 
 def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
     vla = get_vla_config(VLA)
-    for name in ("logits_at_labels", "causal_mask_only"):
+    for name in ("logits_at_labels", "causal_mask_only", "overlap_steps"):
         assert (vla.speed_option(name, CPU), vla.speed_option(name, CUDA)) == (False, True)
         setattr(vla, name, "on")
         assert vla.speed_option(name, CPU) is True
@@ -225,7 +225,8 @@ def test_set_up_logs_what_each_speed_flag_resolved_to(
         get_train_strategy(vlm, vla, one_rank).setup(1)
     assert (
         "Speed flags on cpu: AdamW default, LM head only at labels (tokens head) off, padding mask dropped on, "
-        "compiled blocks off, activation checkpointing every-2, prefetched batches 3 (docs/performance.md)."
+        "compiled blocks off, activation checkpointing every-2, prefetched batches 3, steps overlapped off "
+        "(docs/performance.md)."
     ) in caplog.text
 
 

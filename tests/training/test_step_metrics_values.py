@@ -95,3 +95,18 @@ def test_a_dataset_whose_sums_are_all_zero_still_reports_its_samples():
     out = m.reduce()
     assert out["b/accuracy"] == 0.0 and out["b/error"] == 0.0 and out["b/samples"] == 1
     assert out["a/samples"] == 1
+
+
+def test_a_started_step_reads_its_own_sums_while_the_next_step_accumulates():
+    """`start` hands the step over and begins the next from zero: step 1 read after step 2 was added (what
+    `--vla.overlap_steps` does) still gives step 1's figures, and its votes' sums land in its own tensor."""
+    m = _metrics(["only"])
+    m.update(torch.tensor(0.5), _sums([[1, 2, 0.5]]), ["only"])
+    votes1 = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    first = m.start(torch.tensor(3.0), also_sum=votes1)
+    m.update(torch.tensor(2.0), _sums([[0, 4, 1.0]]), ["only"])
+    votes2 = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    second = m.start(torch.tensor(4.0), also_sum=votes2)
+    assert first.result() == {"loss": 0.5, "accuracy": 1 / 2, "error": 0.5 / 2, "grad_norm": 3.0}
+    assert second.result() == {"loss": 2.0, "accuracy": 0 / 4, "error": 1.0 / 4, "grad_norm": 4.0}
+    assert votes1.tolist() == [1.0, 0.0] and votes2.tolist() == [0.0, 1.0]

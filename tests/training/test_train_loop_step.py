@@ -115,6 +115,7 @@ def _run(
     save_interval=2,
     preempt_at=None,
     counters=None,
+    overlap=False,
 ):
     tracker, checkpoints, saves, evals = _Tracker(), _Checkpoints(save_interval), [], []
     counters = counters if counters is not None else {"step": start, "epoch": 0, "frames": 0}
@@ -133,7 +134,13 @@ def _run(
         batches,
         StepMetrics(["d"], _Head(), torch.device("cpu")),
         LoopPlan(
-            start, steps, steps_per_epoch, gbs, eval_interval if validate else None, show_progress=False
+            start,
+            steps,
+            steps_per_epoch,
+            gbs,
+            eval_interval if validate else None,
+            show_progress=False,
+            overlap_steps=overlap,
         ),
         counters,
         LoopHooks([tracker], checkpoints, _Preemption(preempt_at), run_validate if validate else None),
@@ -194,10 +201,14 @@ def test_counters_and_logged_figures_per_step():
     assert result.last == result.tracker.logged[-1][1]
 
 
-def test_eval_and_checkpoints_at_their_intervals_and_the_last_step():
-    """5 steps, eval every 2 and at the end; saves every 2 (async) and at the end (blocking)."""
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-step", "overlapped"])
+def test_eval_and_checkpoints_at_their_intervals_and_the_last_step(overlap: bool):
+    """5 steps, eval every 2 and at the end; saves every 2 (async) and at the end (blocking); with overlapped
+    steps too, each at its own step's counters."""
     xs, ys = [[1.0]] * 5, [[0.0]] * 5
-    result = _run(_Strategy(n_micro=1), _batches(xs, ys), steps=5, eval_interval=2, save_interval=2)
+    result = _run(
+        _Strategy(n_micro=1), _batches(xs, ys), steps=5, eval_interval=2, save_interval=2, overlap=overlap
+    )
     assert result.evals == [2, 4, 5]
     assert [("val_loss" in m) for _, m in result.tracker.logged] == [False, True, False, True, True]
     assert result.saves == [(2, False), (4, False), (5, True)]
@@ -228,3 +239,104 @@ def test_preemption_saves_a_blocking_checkpoint_then_stops_at_that_step():
     assert saves == [True]
     assert info.value.step == 3 and info.value.signum == signal.SIGTERM
     assert strategy.model.w.grad is None and len(strategy.grads_at_clip) == 3
+
+
+def _figures(logged):
+    """The logged records without the two timing figures (which differ from run to run)."""
+    return [
+        (step, {k: v for k, v in m.items() if k not in ("step_time_s", "samples_per_s")})
+        for step, m in logged
+    ]
+
+
+def test_overlapped_steps_log_the_same_records_and_weights():
+    """`overlap_steps` changes when a step is read, not what: the same records in the same order, the same
+    weights, evaluations and checkpoints at the same steps."""
+    xs = [[1.0, 2.0], [3.0], [0.5, 1.5], [2.0, 1.0], [1.0], [4.0, 0.0], [1.0], [2.0], [0.5], [1.5]]
+    ys = [[2.0, 1.0], [0.0], [1.0, -1.0], [0.5, 0.5], [3.0], [2.0, 1.0], [1.0], [0.0], [2.0], [1.0]]
+    runs = {}
+    for overlap in (False, True):
+        strategy = _Strategy(n_micro=2, lr_lambda=lambda step: 1.0 / (step + 1))
+        result = _run(strategy, _batches(xs, ys), steps=5, eval_interval=3, save_interval=4, overlap=overlap)
+        runs[overlap] = (strategy.model.w.item(), _figures(result.tracker.logged), result.evals, result.saves)
+    assert [step for step, _ in runs[True][1]] == [1, 2, 3, 4, 5]
+    assert runs[True] == runs[False]
+
+
+class _CountingTracker(_Tracker):
+    """Also notes how many optimizer steps the loop had run when each record arrived."""
+
+    def __init__(self, strategy: _Strategy) -> None:
+        super().__init__()
+        self.strategy, self.steps_run = strategy, []
+
+    def log(self, step, metrics):
+        super().log(step, metrics)
+        self.steps_run.append(len(self.strategy.grads_at_clip))
+
+
+def test_overlap_reads_a_step_after_queuing_the_next_except_where_it_evaluates_or_saves():
+    """5 steps, eval at 2 and 5, saves at 4 and 5: steps 1 and 3 are read once steps 2 and 4 ran; 2, 4 and 5
+    are read before anything else runs (their evaluation and checkpoint see their own state)."""
+    xs, ys = [[1.0]] * 5, [[0.0]] * 5
+    for overlap, expected in ((False, [1, 2, 3, 4, 5]), (True, [2, 2, 4, 4, 5])):
+        strategy = _Strategy(n_micro=1)
+        tracker, checkpoints = _CountingTracker(strategy), _Checkpoints(4)
+        checkpoints.save = lambda blocking: None
+        train_loop(
+            strategy,
+            _Head(),
+            _batches(xs, ys),
+            StepMetrics(["d"], _Head(), torch.device("cpu")),
+            LoopPlan(0, 5, 5, 1, 2, show_progress=False, overlap_steps=overlap),
+            {"step": 0, "epoch": 0, "frames": 0},
+            LoopHooks([tracker], checkpoints, _Preemption(), lambda: {"val_loss": 0.0}),
+        )
+        assert [step for step, _ in tracker.logged] == [1, 2, 3, 4, 5]
+        assert tracker.steps_run == expected, overlap
+
+
+def test_overlapped_preemption_stops_and_saves_one_step_later():
+    """The ranks read step 3's votes (SIGTERM) after step 4 was queued: one blocking save of step 4, every step
+    up to it logged, then Preempted(SIGTERM, 4)."""
+    xs, ys = [[1.0]] * 6, [[0.0]] * 6
+    strategy, tracker, checkpoints, saves = _Strategy(n_micro=1), _Tracker(), _Checkpoints(10), []
+    counters = {"step": 0, "epoch": 0, "frames": 0}
+    checkpoints.save = lambda blocking: saves.append((counters["step"], blocking))
+    with pytest.raises(Preempted) as info:
+        train_loop(
+            strategy,
+            _Head(),
+            _batches(xs, ys),
+            StepMetrics(["d"], _Head(), torch.device("cpu")),
+            LoopPlan(0, 6, 6, 1, None, show_progress=False, overlap_steps=True),
+            counters,
+            LoopHooks([tracker], checkpoints, _Preemption(at_step=3)),
+        )
+    assert saves == [(4, True)]
+    assert info.value.step == 4 and info.value.signum == signal.SIGTERM
+    assert [step for step, _ in tracker.logged] == [1, 2, 3, 4]
+    assert len(strategy.grads_at_clip) == 4
+
+
+def test_a_failing_step_still_logs_the_overlapped_step_before_it():
+    """The batch of step 3 fails to load: step 2, queued and not yet read, is logged before the error goes up."""
+
+    def batches():
+        yield from _batches([[1.0], [2.0]], [[1.0], [0.0]])
+        raise OSError("shard 7 is unreadable")
+
+    tracker = _Tracker()
+    with pytest.raises(OSError, match="shard 7"):
+        train_loop(
+            _Strategy(n_micro=1),
+            _Head(),
+            batches(),
+            StepMetrics(["d"], _Head(), torch.device("cpu")),
+            LoopPlan(0, 5, 5, 1, None, show_progress=False, overlap_steps=True),
+            {"step": 0, "epoch": 0, "frames": 0},
+            LoopHooks([tracker], _Checkpoints(10), _Preemption()),
+        )
+    assert [step for step, _ in tracker.logged] == [1, 2]
+    # step 1 at w = 0: gradient 2 * 1 * (0 - 1) = -2, so w = 0.2; step 2's loss (0.2 * 2 - 0)^2
+    assert tracker.logged[1][1]["loss"] == pytest.approx(0.16, rel=1e-6)

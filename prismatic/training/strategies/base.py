@@ -115,7 +115,8 @@ class TrainingStrategy(ABC):
         checkpointing = vla.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
         logger.info(
             "Speed flags on %s: AdamW %s, LM head only at labels (tokens head) %s, padding mask dropped %s, "
-            "compiled blocks %s, activation checkpointing %s, prefetched batches %d (docs/performance.md).",
+            "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s "
+            "(docs/performance.md).",
             device.type,
             optimizer_impl,
             "on" if vla.speed_option("logits_at_labels", device) else "off",
@@ -123,6 +124,7 @@ class TrainingStrategy(ABC):
             "on" if self.compiled else "off",
             checkpointing,
             vla.prefetch_batches,
+            "on" if vla.speed_option("overlap_steps", device) else "off",
         )
 
     def _compiler_works(self) -> bool:
