@@ -5,8 +5,8 @@ Everything it calls is swappable without touching it: the strategy (FSDP2 / DDP)
 and clipped, the action head computes the loss, the checkpoint manager decides when and how to save. Counters
 (step, epoch, frames consumed over all ranks) live in one dict that the checkpoint reads, so a checkpoint always
 holds the position the loop is at. Host syncs: one per step by design (reading the metrics' all-reduce, which also
-carries the ranks' preemption votes; with `--vla.overlap_steps` after the next step is queued), plus transformers'
-packed-sequence check in each unmasked LLM forward (`train_step`); nothing else in a step waits for the device.
+carries the ranks' preemption votes; with `--vla.overlap_steps` after the next step is queued); nothing in a step
+(`train_step`) waits for the device.
 """
 
 from __future__ import annotations
@@ -72,15 +72,19 @@ def train_step(
     """One optimizer step's device work: forward and backward over the step's micro-batches (their loss and sums
     added to `metrics` on the device), clipping, the update. Returns the gradient norm, not waited for.
 
-    Nothing here waits for the device (tests/training/test_host_syncs.py pins it) but transformers' own mask checks
-    at the start of each LLM forward (one, its packed-sequence check, where `causal_mask_only` dropped the mask), so
-    the host queues the step's work ahead of the GPU.
+    Nothing here waits for the device (tests/training/test_host_syncs.py pins it), so the host queues the step's
+    work ahead of the GPU. With a masked batch (`causal_mask_only` off, or left padding) transformers' padding-mask
+    checks would; a batch without a mask skips transformers' mask preparation (`strategy.causal_attention`).
     """
     model, n_micro = strategy.model, strategy.grad_accumulation_steps
     model.train()
     for i in range(n_micro):
         batch = strategy.to_device(next(batches))
-        with strategy.accumulate(is_last_micro_batch=i == n_micro - 1), strategy.autocast():
+        with (
+            strategy.accumulate(is_last_micro_batch=i == n_micro - 1),
+            strategy.autocast(),
+            strategy.causal_attention(batch),
+        ):
             out = head(model, batch)
             (out.loss / n_micro).backward()
         metrics.update(out.loss, out.sums, batch["dataset_names"])

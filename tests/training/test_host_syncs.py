@@ -2,10 +2,11 @@
 CPU by where it is made (`tests/host_reads.py`).
 
 `train_step` (forward, backward, clipping and fused AdamW over two micro-batches, with what `auto` resolves to on
-CUDA: `causal_mask_only`, `logits_at_labels`, fused AdamW) makes one kind: transformers' packed-sequence check
-at the start of each unmasked LLM forward (`find_packed_sequence_indices` reads its result on the host; no public
-switch skips it). The step's metrics copy (`StepMetrics.reduce`) follows the step, by design. On a GPU
-`benchmarks/bench_gpu.py` counts the same two per LoRA step with `torch.cuda.set_sync_debug_mode`.
+CUDA: `causal_mask_only`, `logits_at_labels`, fused AdamW) makes none: the unmasked LLM forward runs under
+`causal_attention`, without transformers' packed-sequence check (`find_packed_sequence_indices`, which reads its
+result on the host; tests/models/test_causal_attention.py shows it there without the context). The step's metrics
+copy (`StepMetrics.reduce`) follows the step, by design. On a GPU `benchmarks/bench_gpu.py` counts the syncs per
+step with `torch.cuda.set_sync_debug_mode`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
 from prismatic.vla.datasets.synthetic import synthetic_batch
 
-PACKED_CHECK = "masking_utils.py:find_packed_sequence_indices"
 THIS = "test_host_syncs.py"
 DATASET = "synthetic"  # the dataset name `synthetic_batch` gives every frame
 
@@ -88,21 +88,20 @@ def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: st
 
 
 @pytest.mark.parametrize(
-    ("head_kind", "lora", "train_strategy", "expected_per_forward"),
+    ("head_kind", "lora", "train_strategy"),
     [
-        ("tokens", True, "fsdp-full-shard", [PACKED_CHECK]),
-        ("tokens", False, "ddp", [PACKED_CHECK]),
-        ("l1-chunk", True, "fsdp-full-shard", []),  # its parallel decoding passes a mask of its own
+        ("tokens", True, "fsdp-full-shard"),
+        ("tokens", False, "ddp"),
+        ("l1-chunk", True, "fsdp-full-shard"),  # its parallel decoding passes a mask of its own
     ],
     ids=["tokens-lora-fsdp", "tokens-full-ddp", "l1chunk-lora-fsdp"],
 )
-def test_a_training_step_reads_the_device_only_in_transformers_packed_check(
+def test_a_training_step_never_reads_the_device(
     one_rank: DistInfo,
     monkeypatch: pytest.MonkeyPatch,
     head_kind: str,
     lora: bool,
     train_strategy: str,
-    expected_per_forward: list[str],
 ) -> None:
     vlm, head, strategy = _strategy(one_rank, head_kind, lora, train_strategy)
     assert strategy.grad_accumulation_steps == 2 and strategy.causal_mask_only
@@ -116,7 +115,7 @@ def test_a_training_step_reads_the_device_only_in_transformers_packed_check(
             # `to_device` decides on the host copy of the mask (tests/training/test_speed_options.py).
             monkeypatch.setattr(strategy, "to_device", rec.paused(to_device))
             grad_norm = train_step(strategy, head, batches, metrics)
-        assert rec.sites == expected_per_forward * 2, rec.reads
+        assert rec.reads == []
     assert torch.isfinite(grad_norm) and grad_norm > 0
     assert any(not torch.equal(p.detach(), b) for p, b in zip(trainable, before, strict=True))  # it trained
     assert metrics.reduce(grad_norm)["loss"] > 0  # the step's one copy, after it

@@ -51,6 +51,9 @@ class _Strategy:
     def autocast(self):
         return contextlib.nullcontext()
 
+    def causal_attention(self, batch):
+        return contextlib.nullcontext()
+
     def clip_grad_norm(self):
         return self.model.w.grad.detach().abs()
 

@@ -173,6 +173,14 @@ class TrainingStrategy(ABC):
         )
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
+    def causal_attention(self, batch: dict[str, Any]) -> contextlib.AbstractContextManager:
+        """Around a micro-batch's forward and backward: a batch without a padding mask (`to_device` dropped it)
+        runs the LLM without transformers' mask preparation, whose packed-sequence check would wait for the
+        device at the start of every forward (`LLMBackbone.causal_attention`; the same attention either way)."""
+        if batch.get("attention_mask") is None:
+            return self.vlm.llm_backbone.causal_attention()
+        return contextlib.nullcontext()
+
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Every tensor of the batch on the device (host copies are non-blocking: the loader pins memory on GPU).
 

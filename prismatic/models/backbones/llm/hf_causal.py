@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from prismatic.models.backbones.llm.base_llm import LLMBackbone
+from prismatic.models.backbones.llm.base_llm import CAUSAL_SDPA, LLMBackbone
 from prismatic.models.backbones.llm.prompting import PromptBuilder
 from prismatic.models.backbones.llm.registry import LLMBackboneSpec
 from prismatic.models.backbones.llm.tiny_tokenizer import load_tiny_tokenizer
@@ -188,7 +188,7 @@ class HFCausalLLMBackbone(LLMBackbone):
             attention_mask_4d = torch.zeros_like(attention_mask_4d, dtype=inputs_embeds.dtype).masked_fill(
                 ~attention_mask_4d, blocked
             )
-        elif kernel != "sdpa":
+        elif kernel not in ("sdpa", CAUSAL_SDPA):  # the same SDPA (`LLMBackbone.causal_attention`)
             raise ConfigError(
                 f"LLM backbone '{self.identifier}' uses attention kernel '{kernel}', which takes no custom attention "
                 "mask; parallel decoding (--vla.action_head l1-chunk) needs 'sdpa' or 'eager'."
