@@ -136,6 +136,10 @@ class PendingMetrics:
         else:
             self.host = packed.cpu()  # the host's own tensor (CPU), or a copy that waits (other devices)
 
+    def ready(self) -> bool:
+        """Whether `result()` would return without waiting (the step's work is done)."""
+        return self.event is None or self.event.query()
+
     def result(self) -> dict[str, float]:
         """The step's global metrics (waits for the step's work on the device, the one host sync per step)."""
         if self.event is not None:

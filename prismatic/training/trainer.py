@@ -214,10 +214,14 @@ class _StepLog:
         return self.hooks.preemption.agreed(reading.votes)
 
     def write_quietly(self, reading: _Reading) -> None:
-        """`write` while another error is on its way up: a failure here must not hide that one."""
+        """`write` while another error is on its way up, if the step's work is done: a failure here must not hide
+        that error, and a device that no longer finishes its work (a failed collective) must not hang the exit."""
+        if not reading.metrics.ready():
+            logger.warning("Step %d's metrics are not back from the device; not logged.", reading.step)
+            return
         try:
             self.write(reading)
-        except Exception:  # noqa: BLE001 (the error being raised is the one to report)
+        except Exception:  # noqa: BLE001 (the error on its way up is the one to report)
             logger.warning("Could not log step %d's metrics after the failure below.", reading.step)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from prismatic.training.metrics import StepMetrics
+from prismatic.training.metrics import PendingMetrics, StepMetrics
 from prismatic.training.preemption import Preempted
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
 
@@ -322,8 +322,14 @@ def test_overlapped_preemption_stops_and_saves_one_step_later():
     assert len(strategy.grads_at_clip) == 4
 
 
-def test_a_failing_step_still_logs_the_overlapped_step_before_it():
-    """The batch of step 3 fails to load: step 2, queued and not yet read, is logged before the error goes up."""
+@pytest.mark.parametrize("done", [True, False], ids=["its-work-done", "its-work-not-done"])
+def test_a_failing_step_still_logs_the_overlapped_step_before_it(
+    done: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """The batch of step 3 fails to load: step 2, queued and not yet read, is logged before the error goes up,
+    unless its work is not back from the device (a failed collective): then it is not waited for."""
+    if not done:  # what an unfinished CUDA event says
+        monkeypatch.setattr(PendingMetrics, "ready", lambda self: False)
 
     def batches():
         yield from _batches([[1.0], [2.0]], [[1.0], [0.0]])
@@ -340,6 +346,10 @@ def test_a_failing_step_still_logs_the_overlapped_step_before_it():
             {"step": 0, "epoch": 0, "frames": 0},
             LoopHooks([tracker], _Checkpoints(10), _Preemption()),
         )
+    if not done:
+        assert [step for step, _ in tracker.logged] == [1]
+        assert "Step 2's metrics are not back from the device; not logged." in caplog.text
+        return
     assert [step for step, _ in tracker.logged] == [1, 2]
     # step 1 at w = 0: gradient 2 * 1 * (0 - 1) = -2, so w = 0.2; step 2's loss (0.2 * 2 - 0)^2
     assert tracker.logged[1][1]["loss"] == pytest.approx(0.16, rel=1e-6)
