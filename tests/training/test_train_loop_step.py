@@ -218,30 +218,28 @@ def test_eval_and_checkpoints_at_their_intervals_and_the_last_step(overlap: bool
     assert result.checkpoints.polls == 5 and result.checkpoints.waited
 
 
-def test_preemption_saves_a_blocking_checkpoint_then_stops_at_that_step():
-    """SIGTERM seen after step 3 of 5, no interval save due: one blocking save, then Preempted(SIGTERM, 3)."""
-    xs, ys = [[1.0]] * 5, [[0.0]] * 5
-    saves = []
-    strategy = _Strategy(n_micro=1)
-
-    def save(blocking):
-        saves.append(blocking)
-
-    checkpoints = _Checkpoints(10)
-    checkpoints.save = save
+@pytest.mark.parametrize(("overlap", "stop"), [(False, 3), (True, 4)], ids=["in-step", "overlapped"])
+def test_preemption_saves_a_blocking_checkpoint_then_stops(overlap: bool, stop: int):
+    """SIGTERM in step 3's votes, no interval save due: one blocking save, every step up to it logged, then
+    Preempted(SIGTERM). Overlapped, the ranks read step 3's votes after step 4 was queued: they stop at 4."""
+    xs, ys = [[1.0]] * 6, [[0.0]] * 6
+    strategy, tracker, checkpoints, saves = _Strategy(n_micro=1), _Tracker(), _Checkpoints(10), []
+    counters = {"step": 0, "epoch": 0, "frames": 0}
+    checkpoints.save = lambda blocking: saves.append((counters["step"], blocking))
     with pytest.raises(Preempted) as info:
         train_loop(
             strategy,
             _Head(),
             _batches(xs, ys),
             StepMetrics(["d"], _Head(), torch.device("cpu")),
-            LoopPlan(0, 5, 5, 1, None, show_progress=False),
-            {"step": 0, "epoch": 0, "frames": 0},
-            LoopHooks([], checkpoints, _Preemption(at_step=3)),
+            LoopPlan(0, 6, 6, 1, None, show_progress=False, overlap_steps=overlap),
+            counters,
+            LoopHooks([tracker], checkpoints, _Preemption(at_step=3)),
         )
-    assert saves == [True]
-    assert info.value.step == 3 and info.value.signum == signal.SIGTERM
-    assert strategy.model.w.grad is None and len(strategy.grads_at_clip) == 3
+    assert saves == [(stop, True)]
+    assert info.value.step == stop and info.value.signum == signal.SIGTERM
+    assert [step for step, _ in tracker.logged] == list(range(1, stop + 1))
+    assert strategy.model.w.grad is None and len(strategy.grads_at_clip) == stop
 
 
 def _figures(logged):
@@ -297,29 +295,6 @@ def test_overlap_reads_a_step_after_queuing_the_next_except_where_it_evaluates_o
         )
         assert [step for step, _ in tracker.logged] == [1, 2, 3, 4, 5]
         assert tracker.steps_run == expected, overlap
-
-
-def test_overlapped_preemption_stops_and_saves_one_step_later():
-    """The ranks read step 3's votes (SIGTERM) after step 4 was queued: one blocking save of step 4, every step
-    up to it logged, then Preempted(SIGTERM, 4)."""
-    xs, ys = [[1.0]] * 6, [[0.0]] * 6
-    strategy, tracker, checkpoints, saves = _Strategy(n_micro=1), _Tracker(), _Checkpoints(10), []
-    counters = {"step": 0, "epoch": 0, "frames": 0}
-    checkpoints.save = lambda blocking: saves.append((counters["step"], blocking))
-    with pytest.raises(Preempted) as info:
-        train_loop(
-            strategy,
-            _Head(),
-            _batches(xs, ys),
-            StepMetrics(["d"], _Head(), torch.device("cpu")),
-            LoopPlan(0, 6, 6, 1, None, show_progress=False, overlap_steps=True),
-            counters,
-            LoopHooks([tracker], checkpoints, _Preemption(at_step=3)),
-        )
-    assert saves == [(4, True)]
-    assert info.value.step == 4 and info.value.signum == signal.SIGTERM
-    assert [step for step, _ in tracker.logged] == [1, 2, 3, 4]
-    assert len(strategy.grads_at_clip) == 4
 
 
 @pytest.mark.parametrize("done", [True, False], ids=["its-work-done", "its-work-not-done"])
