@@ -103,8 +103,8 @@ class VLAConfig(ChoiceRegistry):
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
 
-    # Speed. `auto` turns a means on where it was measured to win (CUDA) and leaves CPU runs as they were;
-    # `on` / `off` force it (docs/performance.md has the figures).
+    # Speed. `auto` turns a means on on CUDA (where it was measured to win, or removes a wait without changing the
+    # work) and leaves CPU runs as they were; `on` / `off` force it (docs/performance.md has the figures).
     optimizer_impl: str = "auto"  # AdamW: auto (fused on CUDA), fused, foreach or for-loop
     logits_at_labels: str = field(default="auto", metadata=SWITCH)  # LM head only at labels: auto, on or off
     causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
