@@ -500,13 +500,14 @@ def run_predict(
         def one(use_cache: bool = use_cache) -> None:
             policy.decode_batch([image], [INSTRUCTIONS[0]], "bench", use_cache=use_cache)
 
-        timed(one, args.predict_warmup)
+        warmup = timed(one, args.predict_warmup)  # graph capture, compiling: once per shape
         latencies = sorted(timed(one, args.predict_repeats))
         results.append(
             {
                 "case": f"predict_action ({mode})",
                 "p50_ms": round(1e3 * statistics.median(latencies), 1),
                 "p90_ms": round(1e3 * latencies[math.ceil(0.9 * len(latencies)) - 1], 1),
+                "warmup_s": round(sum(warmup), 1),
             }
         )
     for batch_size in args.predict_batch_sizes:
@@ -522,12 +523,13 @@ def run_predict(
             def many(batch_images: list = batch_images, instructions: list = instructions) -> None:
                 policy.predict_action_batch(batch_images, instructions, "bench")
 
-            timed(many, 1)
+            warmup = timed(many, 1)
             seconds = statistics.median(timed(many, 3))
             results.append(
                 {
                     "case": f"predict_action_batch {batch_size} ({mode})",
                     "actions_per_s": round(batch_size / seconds, 1),
+                    "warmup_s": round(sum(warmup), 1),
                 }
             )
     return results

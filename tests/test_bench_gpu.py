@@ -80,6 +80,7 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         assert (
             0 < predict[f"predict_action ({mode})"]["p50_ms"] <= predict[f"predict_action ({mode})"]["p90_ms"]
         )
+        assert predict[f"predict_action ({mode})"]["warmup_s"] >= 0  # capture / compile time, printed apart
     for batch in (1, 2):
         for mode in ("static + CUDA graphs", "dynamic"):
             assert predict[f"predict_action_batch {batch} ({mode})"]["actions_per_s"] > 0
