@@ -128,12 +128,10 @@ def train_loop(
                 epoch=step // plan.steps_per_epoch,
                 frames=counters["frames"] + plan.global_batch_size,
             )
-            # This rank's signal votes, summed over the ranks by the metrics' all-reduce: no collective.
-            votes = hooks.preemption.votes()
+            # This rank's signal votes ride on the metrics' all-reduce, which sums them over the ranks: no collective.
             reading = _Reading(
                 step,
-                metrics.start(grad_norm, also_sum=votes),
-                votes,
+                metrics.start(grad_norm, also_sum=hooks.preemption.votes()),
                 started,
                 {"learning_rate": learning_rate, "epoch": counters["epoch"], "frames": counters["frames"]},
             )
@@ -167,8 +165,7 @@ class _Reading:
     """A step whose metrics are on their way to the host, with what its log record needs besides them."""
 
     step: int
-    metrics: PendingMetrics
-    votes: torch.Tensor
+    metrics: PendingMetrics  # its `also_sum`: the preemption votes, summed over the ranks once read
     started: float  # when the loop began queuing the step
     figures: dict[str, float]  # learning rate, epoch, frames
 
@@ -211,7 +208,7 @@ class _StepLog:
         )
         self.bar.update()
         self.last = last
-        return self.hooks.preemption.agreed(reading.votes)
+        return self.hooks.preemption.agreed(reading.metrics.also_sum)
 
     def write_quietly(self, reading: _Reading) -> None:
         """`write` while another error is on its way up, if the step's work is done: a failure here must not hide

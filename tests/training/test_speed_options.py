@@ -71,6 +71,7 @@ def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
         ("logits_at_labels", "yes"),
         ("causal_mask_only", "true"),
         ("compile", "max"),
+        ("overlap_steps", "sometimes"),
     ],
 )
 def test_bad_speed_flag_is_refused_with_the_choices(field: str, value: str) -> None:
