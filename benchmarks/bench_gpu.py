@@ -10,6 +10,8 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
         --variants new new+sac-ops new+no-ac new+no-compile new+live-data new+prefetch   # each means alone
     python benchmarks/bench_gpu.py --cases lora-7b --variants new new+no-compile --no_predict --print_losses \
         --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
+    python benchmarks/bench_gpu.py --cases lora-7b --variants new --profile 2 --profile_dir traces
+                                                     # where a step's time goes: GPU idle, kernels by kind
 
 Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token for
 modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against the
@@ -26,7 +28,10 @@ own batch transform and collator on synthetic images (`prismatic.vla.datasets.sy
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
 thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
 `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (FSDP2 over a
-group of one, bf16, activation checkpointing on), then `train_loop` itself.
+group of one, bf16, activation checkpointing on), then `train_loop` itself. `--profile N` profiles N more steps
+(and N more calls of each predict row) after the timed ones and prints where their time went
+(`benchmarks/kernel_profile.py`: device busy and idle, time and launches by kind of kernel, the costliest kernels
+and host events).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import itertools
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -77,6 +83,9 @@ from prismatic.util.dist import init_distributed  # noqa: E402
 from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
 from prismatic.vla.datasets.prefetch import prefetched  # noqa: E402
 from prismatic.vla.datasets.synthetic import INSTRUCTIONS, synthetic_batch  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from kernel_profile import format_profile, profile_run  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, vendors' datasheets, without sparsity), matched on the device name.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
@@ -367,7 +376,7 @@ def run_training_case(
     tokenizer_dir: Path,
     dist_info: Any,
 ) -> dict[str, Any]:
-    vla = _vla(case, variant, args.warmup + args.steps + 1, args.overrides)
+    vla = _vla(case, variant, args.warmup + args.steps + 1 + args.profile_steps, args.overrides)
     vlm = random_vlm(case.base_vlm, device, tokenizer_dir, case.width)
     vlm.freeze_backbones(vla.stage)
     if vla.use_lora:
@@ -418,8 +427,18 @@ def run_training_case(
         kernel_ops = None if strategy.compiled else _KernelOps()
         with kernel_ops or contextlib.nullcontext():
             syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
-        steps(args.warmup + 1, args.warmup + 1 + args.steps)
-    step_s = statistics.median(times.steps[-args.steps :])
+        timed_end = args.warmup + 1 + args.steps
+        steps(args.warmup + 1, timed_end)
+        step_times, last_loss = times.steps[-args.steps :], times.losses[-1]  # before any profiled step
+        profiled = None
+        if args.profile_steps:
+            profiled = profile_run(
+                lambda: steps(timed_end, timed_end + args.profile_steps),
+                args.profile_steps,
+                device,
+                _trace_path(args, f"{case.name}-{variant}"),
+            )
+    step_s = statistics.median(step_times)
     samples_per_s = case.batch * case.accumulation / step_s
     tflops = flops_per_sample * samples_per_s / 1e12
     peak = peak_tflops(device, args.peak_tflops)
@@ -437,9 +456,27 @@ def run_training_case(
         "host_syncs_per_step": syncs,
         "aten_ops_per_step": kernel_ops.count if kernel_ops is not None else None,
         "warmup_s": round(warmup_s, 1),
-        "last_loss": round(times.losses[-1], 4),
+        "last_loss": round(last_loss, 4),
     }
+    if profiled is not None:
+        result["profile"] = profiled
     return result
+
+
+def _trace_path(args: argparse.Namespace, label: str) -> Path | None:
+    """Where `--profile_dir` keeps the Chrome trace of `label` (None: no trace written)."""
+    if args.profile_dir is None:
+        return None
+    return args.profile_dir / (re.sub(r"[^A-Za-z0-9_.+-]+", "_", label).strip("_") + ".json")
+
+
+def _report(result: dict[str, Any]) -> None:
+    """One JSON line per result; under `--profile`, its profile as a few readable lines after it."""
+    profiled = result.get("profile")
+    print(json.dumps({k: v for k, v in result.items() if k != "profile"}), flush=True)
+    if profiled is not None:
+        label = " ".join(str(result[k]) for k in ("case", "variant") if k in result)
+        print(format_profile(label, profiled), flush=True)
 
 
 def _free(device: torch.device) -> None:
@@ -510,6 +547,7 @@ def run_predict(
                 "warmup_s": round(sum(warmup), 1),
             }
         )
+        _profile_requests(one, args, device, results[-1])
     for batch_size in args.predict_batch_sizes:
         batch_images = images(batch_size)
         instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)]
@@ -532,7 +570,21 @@ def run_predict(
                     "warmup_s": round(sum(warmup), 1),
                 }
             )
+            _profile_requests(many, args, device, results[-1])
     return results
+
+
+def _profile_requests(
+    request: Any, args: argparse.Namespace, device: torch.device, result: dict[str, Any]
+) -> None:
+    """Under `--profile N`: N more calls of `request` profiled, per call, into `result["profile"]`."""
+    if args.profile_steps:
+        result["profile"] = profile_run(
+            lambda: [request() for _ in range(args.profile_steps)],
+            args.profile_steps,
+            device,
+            _trace_path(args, result["case"]),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -570,6 +622,20 @@ def main(argv: list[str] | None = None) -> int:
         "--set", nargs="*", default=[], metavar="NAME=VALUE", help="VLAConfig overrides for every case"
     )
     parser.add_argument("--print_losses", action="store_true", help="each step's loss and gradient norm")
+    parser.add_argument(
+        "--profile",
+        dest="profile_steps",
+        type=int,
+        nargs="?",
+        const=2,
+        default=0,
+        metavar="N",
+        help="after timing, profile N more steps (and N calls of each predict row; N=2 if not given): device "
+        "busy / idle, time by kind of kernel, the costliest kernels (benchmarks/kernel_profile.py)",
+    )
+    parser.add_argument(
+        "--profile_dir", type=Path, default=None, help="with --profile: also write each Chrome trace here"
+    )
     parser.add_argument(
         "--json_out", type=Path, default=None, help="also write every result here (JSON lines)"
     )
@@ -632,11 +698,11 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 _free(device)
                 result["case_s"] = round(time.perf_counter() - started, 1)
-                print(json.dumps(result), flush=True)
+                _report(result)
                 results.append(result)
         if not args.no_predict:
             for result in run_predict(predict_id, device, args, tokenizer_dir):
-                print(json.dumps(result), flush=True)
+                _report(result)
                 results.append(result)
     if args.json_out is not None:
         args.json_out.write_text("".join(json.dumps(r) + "\n" for r in results))

@@ -42,6 +42,10 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         "--print_losses",
         "--set",
         "enable_mixed_precision_training=false",
+        "--profile",
+        "1",
+        "--profile_dir",
+        str(tmp_path / "traces"),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -69,11 +73,11 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
     # selective checkpointing recomputes the same numbers; the prefetch thread makes the same batches).
     assert training[0]["last_loss"] == training[1]["last_loss"]
     assert training[2]["last_loss"] == training[3]["last_loss"]
-    # --print_losses: one line per step (1 warm-up + 1 sync-count + 2 timed) per case and variant; the last one of
-    # each run is the loss it reports.
+    # --print_losses: one line per step (1 warm-up + 1 sync-count + 2 timed + 1 profiled) per case and variant;
+    # the last timed one of each run is the loss it reports.
     step_lines = [line for line in done.stdout.splitlines() if line.strip().startswith("step ")]
-    assert len(step_lines) == 4 * len(training)
-    printed = [float(step_lines[4 * i + 3].split("loss ")[1].split(",")[0]) for i in range(len(training))]
+    assert len(step_lines) == 5 * len(training)
+    printed = [float(step_lines[5 * i + 3].split("loss ")[1].split(",")[0]) for i in range(len(training))]
     assert all(abs(p - r["last_loss"]) <= 1e-4 for p, r in zip(printed, training, strict=True))
     predict = {r["case"]: r for r in results if "variant" not in r}
     for mode in ("KV cache, static + CUDA graphs", "KV cache, dynamic", "re-running"):
@@ -84,6 +88,17 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
     for batch in (1, 2):
         for mode in ("static + CUDA graphs", "dynamic"):
             assert predict[f"predict_action_batch {batch} ({mode})"]["actions_per_s"] > 0
+    # --profile 1: one more step (one more call) per row, profiled; on CPU the ATen ops' own time by kind.
+    for r in results:
+        profile = r["profile"]
+        assert profile["units"] == 1 and profile["device_busy_ms"] is None
+        assert profile["ms_by_kind"]["matmul"] > 0 and profile["launches_by_kind"]["matmul"] >= 1
+        assert sum(profile["ms_by_kind"].values()) <= profile["wall_ms"] * 1.01
+        assert profile["top"] and all(t["ms"] > 0 for t in profile["top"])
+        assert f"profile {r['case']}" in done.stdout
+    traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert "lora-tiny-new+sac-ops+prefetch.json" in traces and len(traces) == len(results)
+    assert "traceEvents" in json.loads((tmp_path / "traces" / traces[0]).read_text())
 
 
 def test_model_flops_follow_the_stated_rule() -> None:
