@@ -641,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.overrides = parse_overrides(args.set)
+    if args.profile_steps < 0:
+        print(
+            f"bench_gpu: --profile takes a number of steps >= 0, got {args.profile_steps}.", file=sys.stderr
+        )
+        return 2
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

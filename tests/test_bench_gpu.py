@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -186,3 +188,13 @@ def test_narrow_cases_keep_every_layer_and_block_of_the_real_architecture(tmp_pa
     case = CPU_CASES["full-1b-narrow"]
     llm = random_vlm(case.base_vlm, torch.device("cpu"), tmp_path / "tokenizer", case.width).llm_backbone.llm
     assert llm.config.num_hidden_layers == 24 and llm.get_input_embeddings().weight.shape == (152000, 64)
+
+
+def test_bench_gpu_refuses_a_negative_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_gpu import main
+
+    assert main(["--device", "cpu", "--profile", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert "--profile takes a number of steps >= 0, got -1." in captured.err
+    assert "bench_gpu on" not in captured.out  # refused before the run started
