@@ -20,7 +20,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 # First match wins: attention before matmul (CUTLASS attention kernels say "cutlass"), inductor's fused kernels
-# before copies (their names list the ops they fuse, `_to_copy` among them). Patterns are lower-case substrings
+# before copies (their names list the ops they fuse, `_to_copy` among them), copies before the optimizer's
+# multi-tensor kernels (FSDP2 copies parameters in with a multi-tensor `Copy`). Patterns are lower-case substrings
 # of kernel or ATen op names.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collective", ("nccl", "c10d::", "gloo", "all_gather", "reduce_scatter", "allreduce")),
@@ -42,9 +43,9 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "aten::_addmm_activation",
         ),
     ),
-    ("optimizer", ("adam", "multi_tensor_apply", "_foreach_")),
     ("inductor", ("triton_", "compiledfunction", "torch-compiled region")),
     ("copy", ("memcpy", "memset", "copy", "aten::clone", "aten::cat")),
+    ("optimizer", ("adam", "multi_tensor_apply", "_foreach_")),  # and gradient clipping's norms and scaling
 )
 OTHER = "other"  # ATen's elementwise, reduction, norm, index kernels launched one by one
 HOST = "host"  # CPU time outside ATen's kernels: autograd nodes, tensor-subclass (DTensor) dispatch, Python

@@ -33,6 +33,17 @@ from kernel_profile import format_profile, kind_of, summarize, union_us  # noqa:
             "namespace)::TensorListMetadata<5>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 5>>",
             "optimizer",
         ),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+            "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::UnaryOpFunctor<c10::BFloat16, 2, 1, "
+            "1>, at::native::(anonymous namespace)::Copy<c10::BFloat16, float>>",
+            "copy",
+        ),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+            "namespace)::TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<float, 2>>",
+            "optimizer",
+        ),
         ("triton_poi_fused__to_copy_add_mul_rsqrt_3", "inductor"),
         ("triton_red_fused_mean_pow_1", "inductor"),
         ("Memcpy DtoD (Device -> Device)", "copy"),
@@ -48,6 +59,7 @@ from kernel_profile import format_profile, kind_of, summarize, union_us  # noqa:
         ("aten::mm", "matmul"),
         ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
         ("aten::_foreach_norm", "optimizer"),
+        ("aten::_foreach_copy_", "copy"),
         ("aten::copy_", "copy"),
         ("aten::mul", "other"),
     ],
