@@ -30,7 +30,7 @@ thread) and `+prefetch` (made by the prefetch thread), which time the data path 
 `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (FSDP2 over a
 group of one, bf16, activation checkpointing on), then `train_loop` itself. `--profile N` profiles N more steps
 (and N more calls of each predict row) after the timed ones and prints where their time went
-(`benchmarks/kernel_profile.py`: device busy and idle, time and launches by kind of kernel, the costliest kernels
+(`prismatic/util/kernel_profile.py`: device busy and idle, time and launches by kind of kernel, the costliest kernels
 and host events).
 """
 
@@ -80,12 +80,10 @@ from prismatic.training.preemption import PreemptionHandler  # noqa: E402
 from prismatic.training.strategies import get_train_strategy  # noqa: E402
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop  # noqa: E402
 from prismatic.util.dist import init_distributed  # noqa: E402
+from prismatic.util.kernel_profile import format_profile, profile_run  # noqa: E402
 from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
 from prismatic.vla.datasets.prefetch import prefetched  # noqa: E402
 from prismatic.vla.datasets.synthetic import INSTRUCTIONS, synthetic_batch  # noqa: E402
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from kernel_profile import format_profile, profile_run  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, vendors' datasheets, without sparsity), matched on the device name.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
@@ -631,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="N",
         help="after timing, profile N more steps (and N calls of each predict row; N=2 if not given): device "
-        "busy / idle, time by kind of kernel, the costliest kernels (benchmarks/kernel_profile.py)",
+        "busy / idle, time by kind of kernel, the costliest kernels (prismatic/util/kernel_profile.py)",
     )
     parser.add_argument(
         "--profile_dir", type=Path, default=None, help="with --profile: also write each Chrome trace here"

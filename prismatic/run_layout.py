@@ -9,6 +9,8 @@ nothing else, so the config layer and `--help` can use it before torch.
       dataset_statistics.json             DATASET_STATISTICS_FILE (also in HF exports and LoRA adapters)
       action_model.json                   ACTION_MODEL_FILE
       metrics.jsonl                       METRICS_FILE
+      profile/                            PROFILE_DIR (--profile.start_step)
+        rank00000-steps-000010-000011.trace.json, .summary.json   profile_stem(rank, first, last) + suffixes
       wandb_run_id.txt                    WANDB_ID_FILE
       eval_libero/<suite>/                LIBERO_EVAL_DIR (vla_scripts/eval_libero.py)
         results.json, metrics.jsonl       LIBERO_RESULTS_FILE, METRICS_FILE
@@ -34,6 +36,9 @@ DATASET_STATISTICS_FILE = (
 ACTION_MODEL_FILE = "action_model.json"  # the model's `ActionSpec` (absent: OpenVLA's tokens head)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per optimiser step
 WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resume continues
+PROFILE_DIR = "profile"  # `--profile.*`: each rank's trace and summary of a window of steps
+PROFILE_TRACE = ".trace.json"  # a Chrome trace (Perfetto opens it)
+PROFILE_SUMMARY = ".summary.json"  # where the window's time went (`prismatic.util.kernel_profile.summarize`)
 LIBERO_EVAL_DIR = "eval_libero"  # a LIBERO evaluation's folder in a run: <run>/eval_libero/<suite>/
 LIBERO_RESULTS_FILE = "results.json"  # its report: per-task and overall success, protocol, episodes
 LIBERO_VIDEOS_DIR = "videos"  # its mp4s (--save_videos)
@@ -59,6 +64,12 @@ def data_snapshot_stem(rank: int) -> str:
     """`data-rank00003`: the stem of rank 3's data-stream snapshot files in DATA_SNAPSHOT_DIR (their suffixes:
     DATA_SNAPSHOT_META, DATA_SNAPSHOT_STATE)."""
     return f"data-rank{rank:05d}"
+
+
+def profile_stem(rank: int, first: int, last: int) -> str:
+    """`rank00000-steps-000010-000011`: the stem of rank 0's profile of steps 10 to 11 in PROFILE_DIR (suffixes:
+    PROFILE_TRACE, PROFILE_SUMMARY)."""
+    return f"rank{rank:05d}-steps-{first:06d}-{last:06d}"
 
 
 def checkpoint_dir_name(step: int, epoch: int) -> str:

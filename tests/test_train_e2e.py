@@ -82,11 +82,15 @@ def test_run_folder_contents(full_run: Path):
     assert len(offline) == 1 and (offline[0] / f"run-{wandb_id}.wandb").stat().st_size > 0
 
 
-def test_overlapped_steps_train_like_the_reference_run(full_run: Path, toy_data_root: Path, tmp_path: Path):
+def test_overlapped_and_profiled_steps_train_like_the_reference_run(
+    full_run: Path, toy_data_root: Path, tmp_path: Path
+):
     """`--vla.overlap_steps on` (CUDA's default) on 2 CPU processes: each step read after the next one is queued,
-    except at evaluations and saves. Every logged figure, the evaluations, the checkpoints and the final weights
-    are the reference run's (`==`)."""
+    except at evaluations and saves; and steps 2-3 profiled (`--profile.*`). Every logged figure, the
+    evaluations, the checkpoints and the final weights are the reference run's (`==`), and each rank wrote its own
+    trace and summary of the two profiled steps."""
     extra = ("--eval.interval", "3", "--eval.num_batches", "1", "--vla.overlap_steps", "on")
+    extra += ("--profile.start_step", "2", "--profile.num_steps", "2")
     proc = run_train(tiny_args(toy_data_root, tmp_path, "overlapped", *extra))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "steps overlapped on" in proc.stderr
@@ -100,6 +104,21 @@ def test_overlapped_steps_train_like_the_reference_run(full_run: Path, toy_data_
     ours = consolidated(checkpoints(run_dir)[STEPS], tmp_path)["model"]
     for key, value in consolidated(checkpoints(full_run)[STEPS], tmp_path)["model"].items():
         assert torch.equal(ours[key], value), key
+    profiled = sorted(p.name for p in (run_dir / "profile").iterdir())
+    assert profiled == [
+        f"rank{rank:05d}-steps-000002-000003.{kind}.json" for rank in (0, 1) for kind in ("summary", "trace")
+    ]
+    for rank in (0, 1):
+        summary = json.loads(
+            (run_dir / "profile" / f"rank{rank:05d}-steps-000002-000003.summary.json").read_text()
+        )
+        assert summary["steps"] == [2, 3] and summary["units"] == 2
+        assert summary["ms_by_kind"]["matmul"] > 0 and summary["launches_by_kind"]["collective"] >= 1
+        trace = json.loads(
+            (run_dir / "profile" / f"rank{rank:05d}-steps-000002-000003.trace.json").read_text()
+        )
+        assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"])
+    assert "rank 0, steps 2-3" in proc.stderr  # the summary, logged
 
 
 def test_checkpoint_loads_without_distributed_setup(full_run: Path):

@@ -48,6 +48,15 @@ class EvalConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A window of training steps profiled on every rank (`torch.profiler`): each rank writes its Chrome trace and
+    a summary of where the time went (device busy / idle, kernels by kind) to <run_dir>/profile/."""
+
+    start_step: int | None = None  # the first optimiser step profiled, >= 1; null: no profiling
+    num_steps: int = 2  # optimiser steps in the window, >= 1
+
+
+@dataclass
 class TrainConfig:
     """One training run."""
 
@@ -78,6 +87,7 @@ class TrainConfig:
     save_interval: int = 2500  # optimiser steps between checkpoints, >= 1 (one is always written at the end)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     # Gradient reduction with accumulation: once per step (unsharded FP32 gradients kept between micro-batches) or
     # reduce-scattered after every micro-batch (sharded gradients only); auto picks by the memory they would need.
     grad_sync: str = "auto"  # auto, micro-batch or step
@@ -141,6 +151,8 @@ class TrainConfig:
             ("checkpoint.keep_last", self.checkpoint.keep_last),
             ("eval.interval", self.eval.interval),
             ("eval.num_batches", self.eval.num_batches),
+            ("profile.start_step", self.profile.start_step),
+            ("profile.num_steps", self.profile.num_steps),
         ):
             if value is not None and value < 1:
                 raise ConfigError(f"--{flag}={value} is out of range: it must be an integer >= 1 (or null).")

@@ -26,6 +26,7 @@ from prismatic.models.loading import load_vla, spec_of
 from prismatic.training.checkpointing import build_checkpointer
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.preemption import Preempted, PreemptionHandler, exit_code
+from prismatic.training.profiling import build_profiler
 from prismatic.training.run_folder import RunFolder, check_resume_before_end, config_to_dict
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trackers import TrackerRun, build_trackers, read_metrics
@@ -102,7 +103,15 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
                 start_step + 1,
                 data.num_training_steps,
             )
-            hooks = LoopHooks(trackers, checkpointer, preemption, validate)
+            profiler = build_profiler(
+                cfg.profile,
+                run.path,
+                dist_info.rank,
+                dist_info.device,
+                start_step + 1,
+                data.num_training_steps,
+            )
+            hooks = LoopHooks(trackers, checkpointer, preemption, validate, profiler)
             last = train_loop(strategy, head, batches, metrics, plan, checkpointer.counters, hooks)
     except Preempted as stop:
         logger.warning(

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from prismatic.models.action_heads import ActionHead
 from prismatic.training.metrics import PendingMetrics, StepMetrics
 from prismatic.training.preemption import Preempted, PreemptionHandler
+from prismatic.training.profiling import StepProfiler
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.training.trackers import Tracker
 
@@ -44,12 +45,14 @@ class Checkpoints(Protocol):
 
 @dataclass
 class LoopHooks:
-    """What the loop calls out to besides the model: trackers, evaluation, checkpoints and the signal handler."""
+    """What the loop calls out to besides the model: trackers, evaluation, checkpoints, the signal handler and the
+    profiler of a window of steps (`--profile.*`)."""
 
     trackers: list[Tracker]
     checkpoints: Checkpoints
     preemption: PreemptionHandler
     validate: Callable[[], dict[str, float]] | None = None
+    profiler: StepProfiler | None = None
 
 
 @dataclass
@@ -120,6 +123,8 @@ def train_loop(
     pending: _Reading | None = None
     try:
         for step in range(plan.start_step + 1, plan.num_training_steps + 1):
+            if hooks.profiler is not None:
+                hooks.profiler.before_step(step)
             started = time.perf_counter()
             learning_rate = strategy.lr_scheduler.get_last_lr()[0]
             grad_norm = train_step(strategy, head, batches, metrics)
@@ -156,6 +161,8 @@ def train_loop(
         raise
     finally:
         log.close()
+        if hooks.profiler is not None:
+            hooks.profiler.close()
     checkpoints.wait()
     return log.last
 

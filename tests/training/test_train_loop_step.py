@@ -6,6 +6,7 @@ computed by hand in the test (SGD on (w x - y)^2), not by the loop."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import torch
 
 from prismatic.training.metrics import PendingMetrics, StepMetrics
 from prismatic.training.preemption import Preempted
+from prismatic.training.profiling import StepProfiler
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
 
 LR = 0.1
@@ -119,6 +121,7 @@ def _run(
     preempt_at=None,
     counters=None,
     overlap=False,
+    profiler=None,
 ):
     tracker, checkpoints, saves, evals = _Tracker(), _Checkpoints(save_interval), [], []
     counters = counters if counters is not None else {"step": start, "epoch": 0, "frames": 0}
@@ -146,7 +149,9 @@ def _run(
             overlap_steps=overlap,
         ),
         counters,
-        LoopHooks([tracker], checkpoints, _Preemption(preempt_at), run_validate if validate else None),
+        LoopHooks(
+            [tracker], checkpoints, _Preemption(preempt_at), run_validate if validate else None, profiler
+        ),
     )
     return SimpleNamespace(
         last=last, tracker=tracker, checkpoints=checkpoints, saves=saves, evals=evals, counters=counters
@@ -262,6 +267,58 @@ def test_overlapped_steps_log_the_same_records_and_weights():
         runs[overlap] = (strategy.model.w.item(), _figures(result.tracker.logged), result.evals, result.saves)
     assert [step for step, _ in runs[True][1]] == [1, 2, 3, 4, 5]
     assert runs[True] == runs[False]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_profiled_steps_train_as_without_the_profiler(overlap: bool, tmp_path):
+    """Steps 2-3 of 5 under `StepProfiler` (`--profile.start_step 2 --profile.num_steps 2`): the same records,
+    weights, evaluations and checkpoints as without it; the window's trace and summary hold steps 2 and 3."""
+    xs = [[1.0, 2.0], [3.0], [0.5, 1.5], [2.0, 1.0], [1.0], [4.0, 0.0], [1.0], [2.0], [0.5], [1.5]]
+    ys = [[2.0, 1.0], [0.0], [1.0, -1.0], [0.5, 0.5], [3.0], [2.0, 1.0], [1.0], [0.0], [2.0], [1.0]]
+    runs = {}
+    for profiled in (False, True):
+        profiler = StepProfiler(tmp_path, 0, torch.device("cpu"), 2, 2) if profiled else None
+        strategy = _Strategy(n_micro=2)
+        result = _run(
+            strategy,
+            _batches(xs, ys),
+            steps=5,
+            eval_interval=3,
+            save_interval=4,
+            overlap=overlap,
+            profiler=profiler,
+        )
+        runs[profiled] = (
+            strategy.model.w.item(),
+            _figures(result.tracker.logged),
+            result.evals,
+            result.saves,
+        )
+    assert runs[True] == runs[False]
+    trace, summary = profiler.written
+    assert (trace.name, summary.name) == (
+        "rank00000-steps-000002-000003.trace.json",
+        "rank00000-steps-000002-000003.summary.json",
+    )
+    report = json.loads(summary.read_text())
+    assert report["steps"] == [2, 3] and report["units"] == 2
+    # Each micro-batch squares its error once and back-propagates through it once (its backward calls `pow` too):
+    # 2 micro-batches x 2 steps. Steps 1, 4 and 5 are outside the window.
+    names = [e.get("name") for e in json.loads(trace.read_text())["traceEvents"]]
+    assert names.count("PowBackward0") == 4 and names.count("aten::pow") == 4 + 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile"]
+    assert len(list((tmp_path / "profile").iterdir())) == 2  # no partial file left beside them
+
+
+def test_a_run_that_ends_inside_the_window_writes_the_steps_it_ran(tmp_path):
+    xs, ys = [[1.0]] * 3, [[1.0]] * 3
+    profiler = StepProfiler(tmp_path, 3, torch.device("cpu"), 2, 5)
+    _run(_Strategy(n_micro=1), _batches(xs, ys), steps=3, validate=False, profiler=profiler)
+    assert [p.name for p in profiler.written] == [
+        "rank00003-steps-000002-000003.trace.json",
+        "rank00003-steps-000002-000003.summary.json",
+    ]
+    assert json.loads(profiler.written[1].read_text())["units"] == 2
 
 
 class _CountingTracker(_Tracker):

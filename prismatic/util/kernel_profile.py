@@ -1,8 +1,9 @@
 """Where a call's time goes, from `torch.profiler`: device busy against wall time, time by kind of kernel, the
 kernels that cost most.
 
-`bench_gpu.py --profile` runs this after each timed case: a figure like "23 % MFU" says how far from the card a
-step is, this says why (the GPU idle between launches, matmuls, attention, casts and copies, the optimizer, or
+`bench_gpu.py --profile` runs this after each timed case, and training's `--profile.start_step` over a window of
+real steps (`prismatic/training/profiling.py`): a figure like "23 % MFU" says how far from the card a step is,
+this says why (the GPU idle between launches, matmuls, attention, casts and copies, the optimizer, or
 small unfused kernels). On a GPU the kinds are read from the kernels' names (cuBLAS, flash attention, NCCL,
 inductor's Triton kernels, ATen's own) and busy time is the union of the device's kernel and copy intervals; on
 CPU, with no device, the same table is built from the ATen ops' own (self) CPU time, so the path runs in tests.
@@ -123,14 +124,18 @@ def summarize(
     return summary
 
 
+def activities(device: torch.device) -> list[ProfilerActivity]:
+    """What to record for work on `device`: the host's ops, and on a GPU its kernels and copies."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
 def profile_run(
     fn: Callable[[], Any], units: int, device: torch.device, trace: Path | None = None
 ) -> dict[str, Any]:
     """Run `fn` once under the profiler (after the caller's warm-up) and `summarize` it per unit of work (`fn`
     does `units` steps or requests); `trace` also writes the Chrome trace there (open it in Perfetto)."""
     on_device = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities(device)) as prof:
         if on_device:
             torch.cuda.synchronize(device)
         started = time.perf_counter()

@@ -1,18 +1,15 @@
-"""`benchmarks/kernel_profile.py`: the kinds read from real kernel and op names, the device's busy time (overlaps
+"""`prismatic/util/kernel_profile.py`: the kinds read from real kernel and op names, the device's busy time (overlaps
 counted once) and the per-step table, on profiler events made here with hand-set times, so every expected
 figure is worked out in the test."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from torch.autograd import DeviceType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from kernel_profile import format_profile, kind_of, summarize, union_us  # noqa: E402
+from prismatic.util.kernel_profile import format_profile, kind_of, summarize, union_us
 
 
 @pytest.mark.parametrize(
