@@ -474,7 +474,7 @@ def _report(result: dict[str, Any]) -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "profile"}), flush=True)
     if profiled is not None:
         label = " ".join(str(result[k]) for k in ("case", "variant") if k in result)
-        print(format_profile(label, profiled), flush=True)
+        print(format_profile(label, profiled, "step" if "variant" in result else "call"), flush=True)
 
 
 def _free(device: torch.device) -> None:

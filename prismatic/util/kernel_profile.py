@@ -149,13 +149,13 @@ def profile_run(
     return summarize(prof.events(), units, wall_s, on_device)
 
 
-def format_profile(label: str, summary: dict[str, Any]) -> str:
+def format_profile(label: str, summary: dict[str, Any], unit: str = "step") -> str:
     """A few lines for a terminal: busy / idle, ms by kind, the costliest kernels."""
     busy = summary["device_busy_ms"]
-    head = f"  profile {label}: {summary['wall_ms']:.1f} ms per unit"
+    head = f"  profile {label}: {summary['wall_ms']:.1f} ms per {unit}"
     if busy is not None:
         head += f", device busy {busy:.1f} ms (idle {summary['device_idle_pct']:.1f} %)"
-    head += f", {summary['launches']:.0f} {'kernels' if busy is not None else 'ATen calls'} per unit"
+    head += f", {summary['launches']:.0f} {'kernels' if busy is not None else 'ATen calls'} per {unit}"
     kinds = ", ".join(
         f"{kind} {ms:.1f} ms / {summary['launches_by_kind'][kind]:.0f}"
         for kind, ms in summary["ms_by_kind"].items()
