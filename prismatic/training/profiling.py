@@ -14,14 +14,17 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.profiler import profile
 
-from prismatic.conf.train import ProfileConfig
 from prismatic.run_layout import PROFILE_DIR, PROFILE_SUMMARY, PROFILE_TRACE, TMP_PREFIX, profile_stem
 from prismatic.util.files import write_json_atomic
 from prismatic.util.kernel_profile import activities, format_profile, summarize
+
+if TYPE_CHECKING:
+    from prismatic.conf.train import ProfileConfig
 
 logger = logging.getLogger(__name__)
 
