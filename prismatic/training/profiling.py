@@ -1,6 +1,6 @@
 """A window of training steps under `torch.profiler` (`--profile.start_step`, `--profile.num_steps`).
 
-`make bench-gpu --profile` says where a synthetic step's time goes; this says it for the run itself: its data
+`bench_gpu.py --profile` says where a synthetic step's time goes; this says it for the run itself: its data
 pipeline, its strategy on its cluster, its model. Every rank profiles the same steps and writes its own files to
 `<run_dir>/profile/` (no gather: a slow rank shows in its own trace): the Chrome trace, and a summary of where the
 time went (`prismatic.util.kernel_profile.summarize`: device busy and idle, time and launches by kind of kernel,
