@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch.profiler import profile
 
 from prismatic.run_layout import PROFILE_DIR, PROFILE_SUMMARY, PROFILE_TRACE, TMP_PREFIX, profile_stem
 from prismatic.util.files import write_json_atomic
-from prismatic.util.kernel_profile import activities, format_profile, summarize
+from prismatic.util.kernel_profile import ProfileWindow, format_profile
 
 if TYPE_CHECKING:
     from prismatic.conf.train import ProfileConfig
@@ -40,25 +38,22 @@ class StepProfiler:
         self.folder = run_dir / PROFILE_DIR
         self.rank, self.device = rank, device
         self.start_step, self.end_step = start_step, start_step + num_steps
-        self._profiler: profile | None = None
-        self._started = 0.0
+        self._window: ProfileWindow | None = None
         self._last_step = 0
         self.written: list[Path] = []  # the trace and summary, once written
 
     def before_step(self, step: int) -> None:
-        if step == self.end_step and self._profiler is not None:
+        if step == self.end_step and self._window is not None:
             self._stop()
         if step == self.start_step:
-            self._sync()
-            self._profiler = profile(activities=activities(self.device))
-            self._profiler.start()
-            self._started = time.perf_counter()
+            self._window = ProfileWindow(self.device)
+            self._window.start()
         self._last_step = step
 
     def close(self) -> None:
         """Stop and write a window still open. Called in the loop's `finally`, so a failure here (the device
         that failed the step fails the sync too) is logged, never raised over the error that ended the loop."""
-        if self._profiler is None:
+        if self._window is None:
             return
         try:
             self._stop()
@@ -67,27 +62,17 @@ class StepProfiler:
                 "The profile of steps %d-%d was not written: %s", self.start_step, self._last_step, error
             )
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _stop(self) -> None:
-        profiler, self._profiler = self._profiler, None
-        try:
-            self._sync()
-        finally:
-            wall_s = time.perf_counter() - self._started
-            profiler.stop()
+        window, self._window = self._window, None
         last = self._last_step
-        steps = last - self.start_step + 1
-        summary = summarize(profiler.events(), steps, wall_s, self.device.type == "cuda")
+        summary = window.stop(last - self.start_step + 1)
         summary["steps"] = [self.start_step, last]
         stem = profile_stem(self.rank, self.start_step, last)
         trace = self.folder / f"{stem}{PROFILE_TRACE}"
         partial = trace.with_name(TMP_PREFIX + trace.name)  # renamed once whole: never a half-written trace
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            profiler.export_chrome_trace(str(partial))
+            window.profiler.export_chrome_trace(str(partial))
             partial.replace(trace)
             summary_path = write_json_atomic(
                 self.folder / f"{stem}{PROFILE_SUMMARY}", summary, "profile summary"

@@ -124,9 +124,34 @@ def summarize(
     return summary
 
 
-def activities(device: torch.device) -> list[ProfilerActivity]:
-    """What to record for work on `device`: the host's ops, and on a GPU its kernels and copies."""
-    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+class ProfileWindow:
+    """A stretch of work on `device` under the profiler, the device synchronised at both ends so that the window
+    holds exactly that work (what `bench_gpu.py --profile` and training's `--profile.*` both profile)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.on_device = device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_device else [])
+        self.profiler = profile(activities=activities)
+        self.started = 0.0
+
+    def start(self) -> None:
+        self._sync()
+        self.profiler.start()
+        self.started = time.perf_counter()
+
+    def stop(self, units: int) -> dict[str, Any]:
+        """End the window (the profiler stops even if the sync fails) and `summarize` it per unit of work."""
+        try:
+            self._sync()
+        finally:
+            wall_s = time.perf_counter() - self.started
+            self.profiler.stop()
+        return summarize(self.profiler.events(), units, wall_s, self.on_device)
+
+    def _sync(self) -> None:
+        if self.on_device:
+            torch.cuda.synchronize(self.device)
 
 
 def profile_run(
@@ -134,19 +159,14 @@ def profile_run(
 ) -> dict[str, Any]:
     """Run `fn` once under the profiler (after the caller's warm-up) and `summarize` it per unit of work (`fn`
     does `units` steps or requests); `trace` also writes the Chrome trace there (open it in Perfetto)."""
-    on_device = device.type == "cuda"
-    with profile(activities=activities(device)) as prof:
-        if on_device:
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        fn()
-        if on_device:
-            torch.cuda.synchronize(device)
-        wall_s = time.perf_counter() - started
+    window = ProfileWindow(device)
+    window.start()
+    fn()
+    summary = window.stop(units)
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace))
-    return summarize(prof.events(), units, wall_s, on_device)
+        window.profiler.export_chrome_trace(str(trace))
+    return summary
 
 
 def format_profile(label: str, summary: dict[str, Any], unit: str = "step") -> str:

@@ -13,6 +13,7 @@ import torch
 from prismatic.conf.train import ProfileConfig, TrainConfig
 from prismatic.training.profiling import StepProfiler, build_profiler
 from prismatic.util.errors import ConfigError
+from prismatic.util.kernel_profile import ProfileWindow
 
 CPU = torch.device("cpu")
 
@@ -79,11 +80,11 @@ def test_closing_after_a_failed_step_never_raises_over_the_failure(
     profiler = StepProfiler(tmp_path, 0, CPU, 1, 3)
     profiler.before_step(1)
 
-    def failed_sync() -> None:
+    def failed_sync(window: ProfileWindow) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(profiler, "_sync", failed_sync)
-    with caplog.at_level(logging.WARNING):
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING):
+        patch.setattr(ProfileWindow, "_sync", failed_sync)
         profiler.close()
     assert "The profile of steps 1-1 was not written: CUDA error" in caplog.text
     assert profiler.written == [] and not (tmp_path / "profile").exists()
