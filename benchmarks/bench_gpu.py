@@ -507,10 +507,12 @@ def run_predict(
     with torch.device("cpu"):  # host-side tables (image transforms), whatever the default device
         policy = VLAPolicy(vlm, {"bench": {"action": stats}}, base_vlm, device_t, dtype)
     rng = np.random.default_rng(0)
-    size = 224
+    size = (
+        policy.image_size
+    )  # frames at the backbone's size (224 px at 7B) take the array path, as a client's do
 
     def images(n: int) -> list[Any]:
-        return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(n)]
+        return [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(n)]
 
     def timed(fn: Any, repeats: int) -> list[float]:
         out = []
@@ -549,6 +551,7 @@ def run_predict(
     for batch_size in args.predict_batch_sizes:
         batch_images = images(batch_size)
         instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)]
+        pixel_ms = pixel_values_ms(policy, batch_images, timed)
         batch_modes = [("static + CUDA graphs", True, False), ("dynamic", False, False)]
         # Each batch size compiles its own graphs (minutes at 7B): batch 1 (predict_action's shape) unless asked.
         if args.compiled_decoding and (batch_size == 1 or args.compiled_decoding_all_sizes):
@@ -566,10 +569,30 @@ def run_predict(
                     "case": f"predict_action_batch {batch_size} ({mode})",
                     "actions_per_s": round(batch_size / seconds, 1),
                     "warmup_s": round(sum(warmup), 1),
+                    "pixel_values_ms": pixel_ms,
                 }
             )
             _profile_requests(many, args, device, results[-1])
     return results
+
+
+def pixel_values_ms(policy: Any, batch_images: list[Any], timed: Any) -> dict[str, float]:
+    """Median ms to turn a batch's uint8 frames into pixel values on the policy's device: normalised on the host
+    then uploaded, and uploaded as bytes then normalised by the device (`VLAPolicy.pixels_on_device`, the default
+    on a GPU). Its share of a request is the difference between the two rows' figures."""
+    out = {}
+    for name, on_device in (("host", False), ("on_device", True)):
+        policy.pixels_on_device = on_device
+
+        def make() -> None:
+            policy._pixel_values(batch_images)
+            if policy.device.type == "cuda":
+                torch.cuda.synchronize()
+
+        timed(make, 1)
+        out[name] = round(1e3 * statistics.median(timed(make, 5)), 2)
+    policy.pixels_on_device = None
+    return out
 
 
 def _profile_requests(

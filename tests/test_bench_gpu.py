@@ -89,7 +89,9 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         assert predict[f"predict_action ({mode})"]["warmup_s"] >= 0  # capture / compile time, printed apart
     for batch in (1, 2):
         for mode in ("static + CUDA graphs", "dynamic"):
-            assert predict[f"predict_action_batch {batch} ({mode})"]["actions_per_s"] > 0
+            row = predict[f"predict_action_batch {batch} ({mode})"]
+            assert row["actions_per_s"] > 0
+            assert row["pixel_values_ms"]["host"] > 0 and row["pixel_values_ms"]["on_device"] > 0
     # --profile 1: one more step (one more call) per row, profiled; on CPU the ATen ops' own time by kind.
     for r in results:
         profile = r["profile"]

@@ -1,6 +1,7 @@
 """The policy and the server on the GPU in bf16: `predict_action` with and without the KV cache, and
-`prismatic/inference/server.py` (what `vla_scripts/serve.py` runs) answering OpenVLA's client payload; compiled
-static decoding (`--compile_decoding`) choosing the uncompiled graphs' ids.
+`prismatic/inference/server.py` (what `vla_scripts/serve.py` runs) answering OpenVLA's client payload; frames
+normalised on the device as on the host; compiled static decoding (`--compile_decoding`) choosing the uncompiled
+graphs' ids.
 
 The server runs in process (FastAPI's TestClient drives the app and its batcher's lifespan); the request body is
 what OpenVLA's client sends (`json_numpy.patch()` + `requests.post(url, json=payload)`: the payload encoded by
@@ -82,6 +83,27 @@ def test_server_answers_openvla_client_payload(policy: VLAPolicy, device: torch.
     assert isinstance(action, np.ndarray) and action.shape == (ACTION_DIM,) and action.dtype == np.float64
     np.testing.assert_array_equal(action, policy.predict_action(image, "do something", unnorm_key="ds"))
     assert health["status"] == "ok" and health["requests_served"] == 1
+
+
+def test_frames_are_normalised_on_the_gpu_as_on_the_host(policy: VLAPolicy, device: torch.device) -> None:
+    """On CUDA the policy sends uint8 frames at the backbone's size to the device and normalises them there (by
+    default): bf16 pixel values equal to the host path's, hence the same actions."""
+    size = policy._fast_transform.size_hw
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(len(INSTRUCTIONS))]
+    assert policy.pixels_on_device is None
+    on_device = policy._pixel_values(images)
+    actions = policy.predict_action_batch(images, INSTRUCTIONS, "ds")
+    assert (policy._device_pixels is not None) == (device.type == "cuda")
+    policy.pixels_on_device = False
+    try:
+        host = policy._pixel_values(images)
+        host_actions = policy.predict_action_batch(images, INSTRUCTIONS, "ds")
+    finally:
+        policy.pixels_on_device = None
+    assert on_device.device == host.device and on_device.dtype == host.dtype == torch.bfloat16
+    assert torch.equal(on_device, host)
+    np.testing.assert_array_equal(actions, host_actions)
 
 
 def test_compiled_decoding_gives_the_uncompiled_ids(

@@ -8,8 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
+from prismatic.inference.pixels import DevicePixels
 from prismatic.inference.policy import VLAPolicy
 from prismatic.models import build_vlm
+from prismatic.models.action_heads import ActionSpec
 
 STATS = {"q01": [-1.0] * 7, "q99": [1.0] * 7, "mask": [True] * 6 + [False]}
 
@@ -76,3 +78,116 @@ def test_array_tables_are_host_tensors_under_another_default_device() -> None:
     with torch.device("meta"):  # stands for "cuda": any default device other than the host
         table = _ArrayToNormalizedTensor.from_mean_std((2, 2), [0.5, 0.5, 0.5], [0.25, 0.25, 0.25])
     assert table(np.full((2, 2, 3), 255, np.uint8)).tolist() == [[[2.0, 2.0], [2.0, 2.0]]] * 3
+
+
+def _torchvision_pixels(policy: VLAPolicy, requests: list[list[np.ndarray]]) -> torch.Tensor | dict:
+    """What OpenVLA's processor path gives: each view through the backbone's torchvision transform (PIL), views
+    concatenated along channels, requests stacked, then cast to the policy's dtype."""
+    per_request = []
+    for views in requests:
+        values = [policy.image_transform(Image.fromarray(view).convert("RGB")) for view in views]
+        if isinstance(values[0], dict):
+            per_request.append({k: torch.cat([v[k] for v in values]) for k in values[0]})
+        else:
+            per_request.append(torch.cat(values))
+    if isinstance(per_request[0], dict):
+        return {k: torch.stack([r[k] for r in per_request]).to(policy.dtype) for k in per_request[0]}
+    return torch.stack(per_request).to(policy.dtype)
+
+
+def _assert_same_pixels(got: torch.Tensor | dict, expected: torch.Tensor | dict, dtype: torch.dtype) -> None:
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and got.keys() == expected.keys()
+        pairs = [(got[k], expected[k]) for k in expected]
+    else:
+        pairs = [(got, expected)]
+    for value, reference in pairs:
+        assert value.dtype == dtype and value.is_contiguous()
+        assert torch.equal(value, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pixels_made_on_the_device_equal_the_pil_path(dtype: torch.dtype) -> None:
+    """`pixels_on_device`: uint8 frames go to the device as bytes and are normalised there. The pixel values equal
+    the backbone's torchvision transform cast to the policy's dtype, and so do the actions."""
+    torch.manual_seed(0)
+    base = "tiny-vit+tiny-llama"
+    policy = VLAPolicy(build_vlm(base), {"bench": {"action": STATS}}, base, torch.device("cpu"), dtype)
+    policy.pixels_on_device = True
+    size = policy._fast_transform.size_hw
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(3)]
+    images[0][:2, :2] = [[0, 255, 128], [255, 0, 1]]  # both ends of the byte range in every channel
+    _assert_same_pixels(
+        policy._pixel_values(images), _torchvision_pixels(policy, [[i] for i in images]), dtype
+    )
+    on_device = policy.predict_action_batch(images, ["push", "pick", "push"], "bench")
+    policy.pixels_on_device = False
+    assert np.array_equal(policy.predict_action_batch(images, ["push", "pick", "push"], "bench"), on_device)
+
+
+def test_two_views_made_on_the_device_are_concatenated_along_channels_in_order() -> None:
+    """A two-camera policy: each request's primary view's channels, then its wrist view's, as training's batch
+    transform lays them out."""
+    torch.manual_seed(0)
+    vlm = build_vlm("tiny-vit+tiny-llama")
+    vlm.attach_action_modules(ActionSpec(action_dim=7, num_images=2))
+    policy = VLAPolicy(vlm, None, "tiny", torch.device("cpu"), torch.bfloat16)
+    policy.pixels_on_device = True
+    size = policy._fast_transform.size_hw
+    rng = np.random.default_rng(2)
+    requests = [[rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(2)] for _ in range(2)]
+    got = policy._pixel_values(requests)
+    _assert_same_pixels(got, _torchvision_pixels(policy, requests), torch.bfloat16)
+    assert got.shape == (2, 6, *size)
+
+
+def test_openvlas_fused_backbone_pixels_made_on_the_device() -> None:
+    """DINOv2 + SigLIP at 224 px (OpenVLA's backbone, built on the meta device), two requests of two views, in
+    bf16: each part's values equal its own torchvision transform's."""
+    from prismatic.models.backbones.vision import build_vision_backbone
+    from prismatic.models.backbones.vision.transforms import FusedImageTransform, build_image_transform
+    from prismatic.vla.datasets.batch_transform import fast_image_transform
+
+    with torch.device("meta"):
+        backbone = build_vision_backbone("dinosiglip-vit-so-224px", "resize-naive", pretrained=False)
+    transform = FusedImageTransform(
+        {name: build_image_transform(cfg, "resize-naive") for name, cfg in backbone.data_cfgs.items()}
+    )
+    pixels = DevicePixels(fast_image_transform(transform), torch.device("cpu"), torch.bfloat16)
+    rng = np.random.default_rng(4)
+    requests = [[rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)] for _ in range(2)]
+    expected = {
+        name: torch.stack(
+            [torch.cat([part(Image.fromarray(view)) for view in views]) for views in requests]
+        ).to(torch.bfloat16)
+        for name, part in transform.transforms.items()
+    }
+    assert sorted(expected) == ["dino", "siglip"]
+    _assert_same_pixels(pixels(requests), expected, torch.bfloat16)
+
+
+def test_a_batch_with_any_other_image_takes_the_host_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device path takes a batch only when every view is an array at the backbone's size; on CPU it is off
+    unless asked for (the host's table look-ups are faster there)."""
+    torch.manual_seed(0)
+    policy = VLAPolicy(build_vlm("tiny-vit+tiny-llama"), None, "tiny", torch.device("cpu"), torch.float32)
+    h, w = policy._fast_transform.size_hw
+    calls: list[int] = []
+    device_path = DevicePixels(policy._fast_transform, policy.device, policy.dtype)
+    monkeypatch.setattr(
+        policy, "_device_pixels", lambda requests: calls.append(len(requests)) or device_path(requests)
+    )
+    policy._device_pixels.accepts = device_path.accepts
+    rng = np.random.default_rng(3)
+    at_size = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    other = rng.integers(0, 256, (h + 2, w, 3), dtype=np.uint8)
+    policy._pixel_values([at_size, at_size])  # pixels_on_device None: not on CPU
+    policy.pixels_on_device = True
+    mixed = policy._pixel_values([at_size, other])
+    pil = policy._pixel_values([at_size, Image.fromarray(at_size)])
+    assert calls == []
+    assert torch.equal(mixed, _torchvision_pixels(policy, [[at_size], [other]]))
+    assert torch.equal(pil, _torchvision_pixels(policy, [[at_size], [at_size]]))
+    policy._pixel_values([at_size, at_size])
+    assert calls == [2]
