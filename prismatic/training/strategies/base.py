@@ -48,6 +48,9 @@ class TrainingStrategy(ABC):
         if vla.enable_mixed_precision_training and not self.mixed_precision:
             logger.warning("bf16 is not supported on %s: training in FP32.", dist_info.device)
         self.model: torch.nn.Module = vlm
+        # The wrapped model's trainable parameters in `parameters()` order, listed once by `setup`: clipping takes
+        # them every step, and walking a 7B LoRA model's ~1,400 parameters took the host ~5 ms a step.
+        self.trainable_params: list[torch.nn.Parameter] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.sync_every_micro_batch = False
@@ -86,6 +89,8 @@ class TrainingStrategy(ABC):
                 compile_blocks(self.vlm),
             )
         self.model = self.wrap_model()
+        self.model.train()  # every module, once (transformers' `from_pretrained` leaves its model in eval mode)
+        self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
         logger.info("Parameter memory: %s", format_param_bytes(param_bytes_by_dtype(self.model)))
         if self.grad_accumulation_steps > 1:
             self.sync_every_micro_batch = self.choose_grad_sync()
@@ -169,7 +174,7 @@ class TrainingStrategy(ABC):
     def clip_grad_norm(self) -> torch.Tensor:
         """Clip to `max_grad_norm`; return the global norm as a (local, device) tensor without waiting for it."""
         norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.grad is not None], max_norm=self.vla.max_grad_norm
+            [p for p in self.trainable_params if p.grad is not None], max_norm=self.vla.max_grad_norm
         )
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 

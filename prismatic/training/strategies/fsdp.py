@@ -171,7 +171,7 @@ class FSDPStrategy(TrainingStrategy):
         """As the base class; under CPU offload the gradients are on the host (`clip_host_grad_norm_`)."""
         if not self.vla.cpu_offload:
             return super().clip_grad_norm()
-        return clip_host_grad_norm_(self.model.parameters(), self.vla.max_grad_norm, self.dist.device)
+        return clip_host_grad_norm_(self.trainable_params, self.vla.max_grad_norm, self.dist.device)
 
     def choose_grad_sync(self) -> bool:
         """`auto`: reduce-scatter after every micro-batch when the unsharded FP32 gradients kept between
