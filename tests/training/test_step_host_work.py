@@ -1,6 +1,7 @@
 """A step's host work around the model: `setup` puts every module in train mode once (a step walks the modules
-again only when something left the model in eval mode), and clipping reads the trainable parameters `setup`
-listed, with the norm of every gradient. Both under DDP and FSDP2, with LoRA (frozen weights have no gradient).
+again only when something left the model in eval mode), clipping reads the trainable parameters `setup` listed,
+with the norm of every gradient, and DDP broadcasts no buffers before each forward. Under DDP and FSDP2, with LoRA
+(frozen weights have no gradient).
 
 Expected norms are computed here from the model's own gradients, in `parameters()` order, as torch's
 `clip_grad_norm_` does (the norm of the per-tensor norms), before clipping changes them.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from prismatic.conf.vla import get_vla_config
 from prismatic.models.builders import attach_action_head
@@ -40,7 +42,7 @@ def _strategy(one_rank: DistInfo, train_strategy: str, use_lora: bool):
 @pytest.mark.parametrize(
     ("train_strategy", "use_lora"), [("ddp", True), ("fsdp-full-shard", False), ("fsdp-full-shard", True)]
 )
-def test_modes_are_set_once_and_clipping_sees_every_gradient(
+def test_a_step_walks_no_module_syncs_no_buffer_and_clips_every_gradient(
     one_rank: DistInfo, train_strategy: str, use_lora: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     vlm, head, strategy = _strategy(one_rank, train_strategy, use_lora)
@@ -74,9 +76,15 @@ def test_modes_are_set_once_and_clipping_sees_every_gradient(
         return out
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recorded_clip)
+    buffer_syncs: list[int] = []
+    real_sync = DistributedDataParallel._sync_buffers
+    monkeypatch.setattr(
+        DistributedDataParallel, "_sync_buffers", lambda self: buffer_syncs.append(1) or real_sync(self)
+    )
     first = train_step(strategy, head, batches, metrics)
     second = train_step(strategy, head, batches, metrics)
     assert calls == []  # the model stayed in train mode: no walk over its modules
+    assert buffer_syncs == []  # DDP: no broadcast of the (constant) buffers before each forward
     assert first.item() == norms[0][0].item() and second.item() == norms[1][0].item()
     for before, after in norms:
         assert before > 1e-3 and after.item() == pytest.approx(1e-3, rel=1e-4)  # every gradient was clipped

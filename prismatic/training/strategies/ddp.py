@@ -15,6 +15,7 @@ GPU with less free memory, before anything is copied to it, and names the strate
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -26,6 +27,16 @@ from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.util.errors import ConfigError
 
 FP32_BYTES = 4
+# The buffers (rotary tables) are rank 0's after `materialize_from_rank0` and training never changes them, so DDP's
+# broadcast of every buffer before each forward (a walk over all modules and a collective: ~5 ms of host time per
+# forward of the 7B LoRA structure) buys nothing; FSDP2 does not sync buffers either. torch >= 2.13 names the flag
+# `forward_sync_buffers`; older releases `broadcast_buffers` (which also skips the init sync
+# `materialize_from_rank0` already did).
+NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 def replica_bytes(model: torch.nn.Module) -> int:
@@ -63,7 +74,9 @@ class DDPStrategy(TrainingStrategy):
         materialize_from_rank0(self.vlm, None, self.dist.device)
         device_ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         # Frozen backbones produce no gradients; DDP must not wait for them.
-        return DistributedDataParallel(self.vlm, device_ids=device_ids, gradient_as_bucket_view=True)
+        return DistributedDataParallel(
+            self.vlm, device_ids=device_ids, gradient_as_bucket_view=True, **NO_FORWARD_BUFFER_SYNC
+        )
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self.model.no_sync()
