@@ -80,7 +80,9 @@ def train_step(
     checks would; a batch without a mask skips transformers' mask preparation (`strategy.causal_attention`).
     """
     model, n_micro = strategy.model, strategy.grad_accumulation_steps
-    if not model.training:  # `setup` put every module in train mode and evaluation restores it: walking a 7B LoRA
+    if (
+        not model.training
+    ):  # `setup` put every module in train mode and evaluation restores it: walking a 7B LoRA
         model.train()  # model's ~3,900 modules every step took the host ~10 ms
     for i in range(n_micro):
         batch = strategy.to_device(next(batches))
