@@ -507,9 +507,8 @@ def run_predict(
     with torch.device("cpu"):  # host-side tables (image transforms), whatever the default device
         policy = VLAPolicy(vlm, {"bench": {"action": stats}}, base_vlm, device_t, dtype)
     rng = np.random.default_rng(0)
-    size = (
-        policy.image_size
-    )  # frames at the backbone's size (224 px at 7B) take the array path, as a client's do
+    # Frames at the backbone's size (224 px at 7B) take the array path, as a client's do.
+    size = policy.image_size
 
     def images(n: int) -> list[Any]:
         return [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(n)]
