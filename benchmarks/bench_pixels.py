@@ -27,6 +27,7 @@ from prismatic.inference.pixels import DevicePixels  # noqa: E402
 from prismatic.models.backbones.vision import build_vision_backbone  # noqa: E402
 from prismatic.models.backbones.vision.transforms import FusedImageTransform, build_image_transform  # noqa: E402
 from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
+from prismatic.util.errors import ConfigError  # noqa: E402
 from prismatic.vla.datasets.batch_transform import fast_image_transform  # noqa: E402
 
 
@@ -49,8 +50,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    spec = get_base_vlm_spec(args.base_vlm)
+    try:
+        device, spec = torch.device(args.device), get_base_vlm_spec(args.base_vlm)
+    except (
+        ConfigError,
+        RuntimeError,
+    ) as error:  # an unknown id (its valid choices), a malformed device string
+        print(f"bench_pixels: {error}", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            "bench_pixels: --device cuda, but no CUDA device is visible here; use --device cpu.",
+            file=sys.stderr,
+        )
+        return 2
+    dtype = getattr(torch, args.dtype)
     with torch.device("meta"):
         backbone = build_vision_backbone(
             spec.vision_backbone_id, spec.image_resize_strategy, pretrained=False

@@ -28,3 +28,13 @@ def test_bench_pixels_times_both_paths(base_vlm: str, size: str) -> None:
     )
     assert [int(batch) for batch, _, _ in rows] == [1, 3]
     assert all(float(host) > 0 and float(device) > 0 for _, host, device in rows)
+
+
+def test_bench_pixels_refuses_an_unknown_base_vlm_with_the_choices() -> None:
+    cmd = [sys.executable, str(REPO / "benchmarks/bench_pixels.py"), "--base_vlm", "prism-dinosiglip-7b"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert (
+        "Unknown base VLM 'prism-dinosiglip-7b'" in done.stderr and "prism-dinosiglip-224px+7b" in done.stderr
+    )
+    assert "Traceback" not in done.stderr

@@ -181,11 +181,11 @@ def format_profile(label: str, summary: dict[str, Any], unit: str = "step") -> s
         for kind, ms in summary["ms_by_kind"].items()
         if ms > 0 or summary["launches_by_kind"][kind] > 0
     )
-    lines = [head, f"    by kind (ms / count): {kinds}"]
-    lines += [f"    {t['ms']:9.3f} ms  x{t['n']:<7g} {t['kind']:<10} {t['name']}" for t in summary["top"]]
+    lines = [head, f"    by kind (ms / count): {kinds}", *_rows(summary["top"])]
     if "host_top" in summary:
-        lines.append("    host (CPU self time):")
-        lines += [
-            f"    {t['ms']:9.3f} ms  x{t['n']:<7g} {t['kind']:<10} {t['name']}" for t in summary["host_top"]
-        ]
+        lines += ["    host (CPU self time):", *_rows(summary["host_top"])]
     return "\n".join(lines)
+
+
+def _rows(top: list[dict[str, Any]]) -> list[str]:
+    return [f"    {t['ms']:9.3f} ms  x{t['n']:<7g} {t['kind']:<10} {t['name']}" for t in top]
