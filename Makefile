@@ -33,11 +33,13 @@ test: $(STAMP)
 
 # The GPU suite (tests/gpu, marker `gpu`; `make test` skips it without CUDA): NCCL, FSDP2 + bf16 + accumulation vs
 # CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, the policy and server in bf16, 2 ranks when there are
-# 2 GPUs; < 5 min on one GPU. On a GPU machine with torch but no venv: `make test-gpu PY=python3` (installs nothing).
+# 2 GPUs. On a GPU machine with torch but no venv: `make test-gpu PY=python3` (installs nothing). Each test's name
+# prints as it starts and ends, and one still running after 4 min has every thread's stack printed (the suite compiles
+# the tiny model several times on CUDA: on one H100 with a cold compile cache it had not finished after 9 min).
 PY ?= $(BIN)/python
 .PHONY: test-gpu
 test-gpu: $(if $(filter $(BIN)/python,$(PY)),$(STAMP))
-	$(PY) -m pytest -q -m gpu tests/gpu
+	$(PY) -m pytest -v -m gpu tests/gpu --durations=0 -o faulthandler_timeout=240
 
 check: $(STAMP)
 	$(BIN)/ruff check prismatic vla_scripts tests benchmarks

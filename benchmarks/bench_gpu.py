@@ -20,15 +20,16 @@ device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, hos
 that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
 cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
-eager, each step read before the next is queued), `new` the defaults (`auto`: on a GPU the LoRA cases compile
-their blocks, and steps overlap); `+compile`, `+no-compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`,
-`+prefetch`, `+no-overlap`, `+ddp` and `+grad-op` change one means each
+eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU the LoRA cases
+compile their blocks and train under DDP, and steps overlap); `+compile`, `+no-compile`, `+sac-ops`, `+every-2`,
+`+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp` and `+grad-op` change one means each
 (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
 own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
 thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
 `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (FSDP2 over a
-group of one, bf16, activation checkpointing on), then `train_loop` itself. `--profile N` profiles N more steps
+group of one, or DDP where `--vla.train_strategy auto` picks it; bf16, activation checkpointing on), then
+`train_loop` itself. `--profile N` profiles N more steps
 (and N more calls of each predict row) after the timed ones and prints where their time went
 (`prismatic/util/kernel_profile.py`: device busy and idle, time and launches by kind of kernel, the costliest kernels
 and host events).
@@ -133,6 +134,7 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     # One GPU without FSDP2's per-layer copies: on a group of one, FSDP2 still copies every parameter it gathers
     # (the 7B frozen weights, twice a step); DDP + autocast computes on them in place.
     "ddp": {"train_strategy": "ddp"},
+    "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU, LoRA)
     "grad-op": {"train_strategy": "fsdp-shard-grad-op"},  # gathered once a step, kept until the backward
 }
 
@@ -240,6 +242,7 @@ def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None 
         causal_mask_only="off" if before else "auto",
         compile="off" if before else "auto",
         overlap_steps="off" if before else "auto",
+        train_strategy="fsdp-full-shard" if before else "auto",
     )
     for name, value in {**variant_overrides, **(overrides or {})}.items():
         setattr(vla, name, value)

@@ -268,3 +268,34 @@ def test_two_nodes_on_one_machine_train_save_and_resume(full_run: Path, toy_data
     assert_same_training_curve(first, read_metrics(run_dir))
     # Two ranks of 8 frames each per step on the same data as the 2-process run: the same first loss.
     assert first[0]["loss"] == pytest.approx(read_metrics(full_run)[0]["loss"], rel=1e-5)
+
+
+def test_a_lora_run_resumes_across_ddp_and_fsdp2_bit_for_bit(toy_data_root: Path, tmp_path: Path):
+    """`--vla.train_strategy auto` trains a LoRA run on one GPU under DDP and the same run on several GPUs under
+    FSDP2, so a checkpoint moves between the two (and an FSDP2 checkpoint from before `auto` resumes under DDP).
+    One process, FP32: DDP 3 steps (the reference); resumed from step 1 under FSDP2, then from step 2 under DDP,
+    the curve is the reference's, `==`."""
+    one = ["--vla.expected_world_size", "1", "--vla.per_device_batch_size", "16"]
+    args = tiny_args(toy_data_root, tmp_path, "lora", *one)
+    args[1] = "tiny-lora+mx-toy"
+    args[args.index("--vla.max_steps") + 1], args[args.index("--save_interval") + 1] = "3", "1"
+    proc = run_train([*args, "--vla.train_strategy", "ddp"], nproc=None)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    reference = read_metrics(tmp_path / "lora")
+    assert [r["step"] for r in reference] == [1, 2, 3]
+
+    for strategy, from_step, source in (("fsdp-full-shard", 1, "lora"), ("ddp", 2, "lora-fsdp-full-shard")):
+        run_id = f"lora-{strategy}"
+        shutil.copytree(tmp_path / source, tmp_path / run_id)
+        for step, folder in checkpoints(tmp_path / run_id).items():
+            if step > from_step:
+                shutil.rmtree(folder)
+        run_args = [*args, "--resume", "--vla.train_strategy", strategy]
+        run_args[run_args.index("--run_id") + 1] = run_id
+        proc = run_train(run_args, nproc=None)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        assert f"at step {from_step}," in proc.stderr, proc.stderr[-3000:]
+        assert ("FSDP mesh:" in proc.stderr) is (
+            strategy == "fsdp-full-shard"
+        )  # the strategy it resumed under
+        assert_same_training_curve(reference, read_metrics(tmp_path / run_id))

@@ -20,7 +20,7 @@ from typing import Any
 from draccus import ChoiceRegistry
 
 from prismatic.models.action_heads.registry import ACTION_HEADS, is_chunked
-from prismatic.training.strategies import TRAIN_STRATEGIES
+from prismatic.training.strategies import AUTO, TRAIN_STRATEGIES
 from prismatic.util.errors import ConfigError, did_you_mean
 
 if typing.TYPE_CHECKING:
@@ -85,7 +85,8 @@ class VLAConfig(ChoiceRegistry):
     warmup_ratio: float = 0.0  # fraction of steps spent warming up, in [0, 1) (warmup schedules only)
     # step-decay (OpenVLA-OFT's MultiStepLR): the peak LR for this many optimiser steps, then a tenth of it.
     num_steps_before_decay: int | None = None  # >= 1; read by step-decay only
-    train_strategy: str = "fsdp-full-shard"  # fsdp-full-shard, fsdp-shard-grad-op or ddp
+    # auto: ddp for a LoRA run on one CUDA GPU (measured faster there), else fsdp-full-shard (OpenVLA's choice).
+    train_strategy: str = "auto"  # auto, fsdp-full-shard, fsdp-shard-grad-op or ddp
 
     # LoRA (peft): train low-rank adapters instead of the weights, through the same loop and strategies. The
     # freeze flags still choose which modules train; LoRA puts adapters on their linear layers (lm_head excluded)
@@ -173,7 +174,7 @@ class VLAConfig(ChoiceRegistry):
         valid range (called on construction and again by `validate`, as fields can be set afterwards)."""
         for name, value, choices in (
             ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
-            ("train_strategy", self.train_strategy, TRAIN_STRATEGIES),
+            ("train_strategy", self.train_strategy, (AUTO, *TRAIN_STRATEGIES)),
             ("action_head", self.action_head, ACTION_HEADS),
             ("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLEMENTATIONS),
             ("logits_at_labels", self.logits_at_labels, SPEED_SWITCHES),
@@ -251,11 +252,14 @@ class VLAConfig(ChoiceRegistry):
                 f"action per forward. Pass --vla.action_head {chunk_heads} (OpenVLA-OFT's recipe) or "
                 "--vla.chunk_size 1."
             )
-        if self.cpu_offload and not TRAIN_STRATEGIES.fact(self.train_strategy, "cpu_offload", False):
+        offloads = self.train_strategy == AUTO or TRAIN_STRATEGIES.fact(
+            self.train_strategy, "cpu_offload", False
+        )
+        if self.cpu_offload and not offloads:
             raise ConfigError(
                 f"--vla.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not "
-                f"--vla.train_strategy {self.train_strategy}. Valid choices with offload: "
-                f"{', '.join(s for s in TRAIN_STRATEGIES if TRAIN_STRATEGIES.fact(s, 'cpu_offload', False))}."
+                f"--vla.train_strategy {self.train_strategy}. Valid choices with offload: {AUTO} (it picks FSDP "
+                f"then), {', '.join(s for s in TRAIN_STRATEGIES if TRAIN_STRATEGIES.fact(s, 'cpu_offload', False))}."
             )
 
     def validate(self, world_size: int) -> None:
@@ -335,7 +339,7 @@ register_vla(
     max_grad_norm=1.0,
     lr_scheduler_type="constant",
     warmup_ratio=0.0,
-    train_strategy="fsdp-full-shard",
+    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except a LoRA run on one GPU: ddp (choose_train_strategy)
 )
 register_vla("siglip-224px-icy+mx-bridge", "siglip-224px+mx-bridge", freeze_vision_backbone=True)
 register_vla(

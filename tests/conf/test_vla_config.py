@@ -102,6 +102,31 @@ def test_strategy_names_match_strategy_registry():
     assert set(TRAIN_STRATEGIES) == set(REGISTRY)
 
 
+def test_train_strategy_auto_is_the_default_and_refuses_no_offload():
+    """`auto` is what a preset and a bare VLAConfig get (OpenVLA's fsdp-full-shard wherever it has several GPUs:
+    tests/training/test_strategy_builds.py); CPU offload takes it (it picks FSDP then) and refuses ddp, naming the
+    strategies that can offload."""
+    assert VLAConfig().train_strategy == "auto"
+    assert get_vla_config("prism-dinosiglip-224px+mx-oxe-magic-soup-plus").train_strategy == "auto"
+    assert get_vla_config("openvla-7b+libero_spatial").train_strategy == "ddp"  # OpenVLA's LIBERO recipe: DDP
+    vla = get_vla_config("tiny+mx-toy")
+    vla.cpu_offload = True
+    vla.check_values()
+    vla.train_strategy = "ddp"
+    with pytest.raises(ConfigError) as err:
+        vla.check_values()
+    assert str(err.value) == (
+        "--vla.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not --vla.train_strategy ddp. "
+        "Valid choices with offload: auto (it picks FSDP then), fsdp-full-shard, fsdp-shard-grad-op."
+    )
+    vla = get_vla_config("tiny+mx-toy")
+    vla.train_strategy = "fsdp"
+    with pytest.raises(
+        ConfigError, match=r"Unknown train_strategy 'fsdp'.*auto, fsdp-full-shard, fsdp-shard-grad-op, ddp"
+    ):
+        vla.check_values()
+
+
 def test_resume_point_validates_file_name(tmp_path: Path):
     ckpt = tmp_path / "checkpoints" / "step-000010-epoch-01-loss=1.2345.pt"
     ckpt.parent.mkdir()

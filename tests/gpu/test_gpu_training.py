@@ -128,6 +128,15 @@ def test_ddp_autocast_step_matches_cpu(process_group: DistInfo) -> None:
     assert_matches_reference(got, reference_steps(built, vla, batches, n_micro=2))
 
 
+def test_auto_trains_lora_under_ddp_and_a_full_fine_tune_under_fsdp2(
+    cuda_device: torch.device, process_group: DistInfo
+) -> None:
+    """`--vla.train_strategy auto` on one GPU: DDP for LoRA (measured faster there), FSDP2 otherwise."""
+    lora = build(tiny_vla(use_lora=True, compile="off"), process_group).strategy
+    full = build(tiny_vla(compile="off"), process_group).strategy
+    assert type(lora.model) is DistributedDataParallel and isinstance(full.model, FSDPModule)
+
+
 @pytest.mark.parametrize(
     ("strategy_name", "bf16"), [("fsdp-full-shard", False), ("ddp", False), ("ddp", True)]
 )

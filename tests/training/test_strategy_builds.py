@@ -33,7 +33,7 @@ from prismatic.conf.vla import get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.lora import LoraSettings, apply_lora
-from prismatic.training.strategies import get_train_strategy
+from prismatic.training.strategies import choose_train_strategy, get_train_strategy
 from prismatic.util.dist import DistInfo
 from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets.synthetic import synthetic_batch
@@ -127,6 +127,38 @@ def test_ddp_builds_distributed_data_parallel_around_the_model(one_rank: DistInf
     assert type(strategy.model) is DistributedDataParallel
     assert strategy.model.module is vlm
     assert not any(isinstance(m, FSDPModule) for m in strategy.model.modules())
+
+
+@pytest.mark.parametrize(
+    ("use_lora", "world_size", "device", "cpu_offload", "chosen"),
+    [
+        (True, 1, "cuda", False, "ddp"),  # the one case DDP was measured faster in (7B LoRA on an H100)
+        (True, 1, "cpu", False, "fsdp-full-shard"),  # CPU runs stay as they were
+        (True, 2, "cuda", False, "fsdp-full-shard"),  # several GPUs: OpenVLA's choice
+        (True, 1, "cuda", True, "fsdp-full-shard"),  # offload is FSDP2's
+        (False, 1, "cuda", False, "fsdp-full-shard"),  # a full fine-tune: not timed under DDP, more memory
+    ],
+)
+def test_auto_strategy_is_ddp_only_for_a_lora_run_on_one_gpu(
+    use_lora: bool, world_size: int, device: str, cpu_offload: bool, chosen: str
+) -> None:
+    vla = get_vla_config(VLA)
+    assert vla.train_strategy == "auto"
+    vla.use_lora, vla.cpu_offload = use_lora, cpu_offload
+    assert choose_train_strategy(vla, world_size, torch.device(device)) == chosen
+    vla.train_strategy = "fsdp-shard-grad-op"  # a named strategy is kept whatever the run
+    assert choose_train_strategy(vla, world_size, torch.device(device)) == "fsdp-shard-grad-op"
+
+
+def test_auto_builds_fsdp2_for_a_lora_run_on_cpu(one_rank: DistInfo, one_node: None) -> None:
+    vla = get_vla_config("tiny-lora+mx-toy")
+    vlm = build_vlm(BASE)
+    vlm.freeze_backbones("vla-full-train")
+    apply_lora(vlm, LoraSettings(rank=vla.lora_rank, alpha=vla.lora_alpha))
+    vlm.attach_action_modules(ActionSpec())
+    strategy = get_train_strategy(vlm, vla, one_rank)
+    strategy.setup(2)
+    assert vla.train_strategy == "auto" and isinstance(strategy.model, FSDPModule)
 
 
 def _lora_ddp(info: DistInfo, mixed_precision: bool) -> tuple[Any, Any, set[str]]:

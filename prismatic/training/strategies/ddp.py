@@ -58,8 +58,9 @@ def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
     need, free = replica_bytes(model), torch.cuda.mem_get_info(device)[0]
     if need > free:
         raise ConfigError(
-            f"--vla.train_strategy ddp keeps a full replica of the model on every GPU: {need / 1e9:.1f} GB of "
-            f"weights, FP32 gradients and AdamW moments, but {device} has {free / 1e9:.1f} GB free. Use "
+            "DDP (--vla.train_strategy ddp, or auto for a LoRA run on one GPU) keeps a full replica of the model "
+            f"on every GPU: {need / 1e9:.1f} GB of weights, FP32 gradients and AdamW moments, but {device} has "
+            f"{free / 1e9:.1f} GB free. Use "
             "--vla.train_strategy fsdp-full-shard (shards all of it over the GPUs), or train LoRA adapters "
             "(--vla.use_lora true)."
         )
