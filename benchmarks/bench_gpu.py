@@ -587,7 +587,7 @@ def pixel_values_ms(policy: Any, batch_images: list[Any], timed: Any) -> dict[st
         policy.pixels_on_device = on_device
 
         def make() -> None:
-            policy._pixel_values(batch_images)
+            policy.pixel_values(batch_images)
             if policy.device.type == "cuda":
                 torch.cuda.synchronize()
 

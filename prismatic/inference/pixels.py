@@ -38,10 +38,8 @@ class DevicePixels:
         }
         self.size_hw: tuple[int, int] = fast_transform.size_hw
         self.device = device
-
-    def accepts(self, image: Any) -> bool:
-        """Whether `image` takes this path: an H x W x 3 uint8 array at the backbone's size (checked already)."""
-        return isinstance(image, np.ndarray) and image.shape[:2] == self.size_hw
+        # The host array path's own test, so an image takes the device path exactly where it would take that one.
+        self.accepts = fast_transform.accepts
 
     def __call__(self, requests: Sequence[Sequence[np.ndarray]]) -> torch.Tensor | dict[str, torch.Tensor]:
         frames = torch.from_numpy(np.stack([np.stack(views) for views in requests]))  # [B, V, H, W, 3] uint8

@@ -249,13 +249,16 @@ class VLAPolicy:
 
     def _transform(self, image: ImageLike) -> Any:
         fast = self._fast_transform
-        if fast is not None and isinstance(image, np.ndarray) and image.shape[:2] == fast.size_hw:
+        if fast is not None and fast.accepts(image):
             return fast(image)
         pil = image if isinstance(image, Image.Image) else Image.fromarray(image)
         return self.image_transform(pil.convert("RGB"))
 
-    def _pixel_values(self, images: Sequence[Any]) -> Any:
-        """OpenVLA's processor path: PIL RGB image -> the backbone's transform -> stacked, on device/dtype (an array
+    def pixel_values(self, images: Sequence[Any]) -> Any:
+        """The model's `pixel_values` for a batch of requests (each one image or a list of camera views), as
+        `predict_action_batch` makes them; public so benchmarks time this stage alone.
+
+        OpenVLA's processor path: PIL RGB image -> the backbone's transform -> stacked, on device/dtype (an array
         already at the transform's size takes the array path, which gives the same tensors). Several views of one
         request are concatenated along the channel axis, as in training. Where every view is an array at that size,
         `pixels_on_device` has the device normalise them (`DevicePixels`)."""
@@ -375,7 +378,7 @@ class VLAPolicy:
             )
         request = DecodeRequest(
             prompt_ids=[self._prompt_ids(instruction) for instruction in instructions],
-            pixel_values=self._pixel_values(images),
+            pixel_values=self.pixel_values(images),
             proprio=self._proprio(proprio, resolved),
             action_dim=dims.pop(),
             pad_id=self.tokenizer.pad_token_id,

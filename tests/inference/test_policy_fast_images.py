@@ -43,9 +43,9 @@ def test_array_path_gives_the_pil_path_pixels_and_actions(base: str) -> None:
     size = policy._fast_transform.size_hw
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(3)]
-    fast = policy._pixel_values(images)
+    fast = policy.pixel_values(images)
     policy._fast_transform = None  # OpenVLA's path: PIL image -> the backbone's transform
-    slow = policy._pixel_values(images)
+    slow = policy.pixel_values(images)
     if isinstance(fast, dict):
         assert fast.keys() == slow.keys() and all(torch.equal(fast[k], slow[k]) for k in fast)
     else:
@@ -62,8 +62,16 @@ def test_other_sizes_and_pil_images_take_the_pil_path(monkeypatch: pytest.Monkey
     policy = VLAPolicy(build_vlm("tiny-vit+tiny-llama"), None, "tiny", torch.device("cpu"), torch.float32)
     calls = []
     fast = policy._fast_transform
-    monkeypatch.setattr(policy, "_fast_transform", lambda image: calls.append(image) or fast(image))
-    policy._fast_transform.size_hw = fast.size_hw
+
+    class CountingFast:
+        size_hw = fast.size_hw
+        accepts = staticmethod(fast.accepts)
+
+        def __call__(self, image: np.ndarray) -> torch.Tensor:
+            calls.append(image)
+            return fast(image)
+
+    monkeypatch.setattr(policy, "_fast_transform", CountingFast())
     h, w = fast.size_hw
     policy._transform(np.zeros((h + 1, w, 3), np.uint8))
     policy._transform(Image.new("RGB", (w, h)))
@@ -119,7 +127,7 @@ def test_pixels_made_on_the_device_equal_the_pil_path(dtype: torch.dtype) -> Non
     images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(3)]
     images[0][:2, :2] = [[0, 255, 128], [255, 0, 1]]  # both ends of the byte range in every channel
     _assert_same_pixels(
-        policy._pixel_values(images), _torchvision_pixels(policy, [[i] for i in images]), dtype
+        policy.pixel_values(images), _torchvision_pixels(policy, [[i] for i in images]), dtype
     )
     on_device = policy.predict_action_batch(images, ["push", "pick", "push"], "bench")
     policy.pixels_on_device = False
@@ -137,7 +145,7 @@ def test_two_views_made_on_the_device_are_concatenated_along_channels_in_order()
     size = policy._fast_transform.size_hw
     rng = np.random.default_rng(2)
     requests = [[rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(2)] for _ in range(2)]
-    got = policy._pixel_values(requests)
+    got = policy.pixel_values(requests)
     _assert_same_pixels(got, _torchvision_pixels(policy, requests), torch.bfloat16)
     assert got.shape == (2, 6, *size)
 
@@ -182,12 +190,12 @@ def test_a_batch_with_any_other_image_takes_the_host_path(monkeypatch: pytest.Mo
     rng = np.random.default_rng(3)
     at_size = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
     other = rng.integers(0, 256, (h + 2, w, 3), dtype=np.uint8)
-    policy._pixel_values([at_size, at_size])  # pixels_on_device None: not on CPU
+    policy.pixel_values([at_size, at_size])  # pixels_on_device None: not on CPU
     policy.pixels_on_device = True
-    mixed = policy._pixel_values([at_size, other])
-    pil = policy._pixel_values([at_size, Image.fromarray(at_size)])
+    mixed = policy.pixel_values([at_size, other])
+    pil = policy.pixel_values([at_size, Image.fromarray(at_size)])
     assert calls == []
     assert torch.equal(mixed, _torchvision_pixels(policy, [[at_size], [other]]))
     assert torch.equal(pil, _torchvision_pixels(policy, [[at_size], [at_size]]))
-    policy._pixel_values([at_size, at_size])
+    policy.pixel_values([at_size, at_size])
     assert calls == [2]

@@ -249,7 +249,7 @@ def test_policy_returns_unnormalised_chunks_and_hf_export_round_trips(chunk_vlm,
     assert chunk.shape == (K, D) and chunk.dtype == np.float64
 
     # The same numbers by hand: the head's normalised chunk, un-normalised with q01 / q99 where masked.
-    batch = policy._pixel_values([image])
+    batch = policy.pixel_values([image])
     normalized_proprio = np.clip(2 * (proprio - p01) / (p99 - p01 + 1e-8) - 1, -1, 1)
     ids = policy._prompt_ids("pick up the block")
     layout = policy.head.layout(ids, np.zeros((K, D)), policy.tokenizer.eos_token_id)

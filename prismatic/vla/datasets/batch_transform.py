@@ -39,6 +39,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _at_size(image: Any, size_hw: tuple[int, int]) -> bool:
+    return isinstance(image, np.ndarray) and image.shape[:2] == size_hw
+
+
 @dataclass(frozen=True)
 class _ArrayToNormalizedTensor:
     """uint8[H, W, 3] array -> normalised float32 Tensor[3, H, W], bit-identical to `ToTensor` + `Normalize`.
@@ -60,6 +64,10 @@ class _ArrayToNormalizedTensor:
         std_t = torch.as_tensor(std, dtype=torch.float32, device="cpu").reshape(3, 1)
         return cls(size_hw, values.div(255).sub(mean_t).div(std_t).numpy())
 
+    def accepts(self, image: Any) -> bool:
+        """Whether `image` takes this path: an H x W x 3 uint8 array already at the transform's size."""
+        return _at_size(image, self.size_hw)
+
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         out = np.empty((3, *image.shape[:2]), np.float32)
         for channel in range(3):
@@ -73,6 +81,10 @@ class _FusedArrayTransform:
 
     parts: Mapping[str, _ArrayToNormalizedTensor]
     size_hw: tuple[int, int]
+
+    def accepts(self, image: Any) -> bool:
+        """Whether `image` takes this path: an H x W x 3 uint8 array already at the parts' size."""
+        return _at_size(image, self.size_hw)
 
     def __call__(self, image: np.ndarray) -> dict[str, torch.Tensor]:
         return {name: part(image) for name, part in self.parts.items()}
