@@ -92,12 +92,12 @@ def test_frames_are_normalised_on_the_gpu_as_on_the_host(policy: VLAPolicy, devi
     rng = np.random.default_rng(5)
     images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8) for _ in range(len(INSTRUCTIONS))]
     assert policy.pixels_on_device is None
-    on_device = policy._pixel_values(images)
+    on_device = policy.pixel_values(images)
     actions = policy.predict_action_batch(images, INSTRUCTIONS, "ds")
     assert (policy._device_pixels is not None) == (device.type == "cuda")
     policy.pixels_on_device = False
     try:
-        host = policy._pixel_values(images)
+        host = policy.pixel_values(images)
         host_actions = policy.predict_action_batch(images, INSTRUCTIONS, "ds")
     finally:
         policy.pixels_on_device = None

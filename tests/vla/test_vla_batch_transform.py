@@ -109,3 +109,24 @@ def test_fast_image_path_is_bit_identical_to_the_backbones_transform(tiny_tokeni
         assert torch.equal(outputs[0]["pixel_values"], outputs[1]["pixel_values"])
         assert outputs[0]["pixel_values"].shape == (3, 224, 224)
     assert fast_image_transform(lambda image: image) is None
+
+
+def test_only_uint8_rgb_arrays_at_the_transform_size_take_the_array_path() -> None:
+    """`accepts` is the one test training's batch transform, the policy and `DevicePixels` use: anything else
+    (another size, a fourth channel, another dtype, a PIL image) goes through the backbone's own transform."""
+    from PIL import Image
+
+    from prismatic.vla.datasets.batch_transform import _ArrayToNormalizedTensor, _FusedArrayTransform
+
+    part = _ArrayToNormalizedTensor.from_mean_std((4, 6), [0.5] * 3, [0.5] * 3)
+    fused = _FusedArrayTransform({"a": part, "b": part}, (4, 6))
+    cases = {
+        "uint8 4x6x3": (np.zeros((4, 6, 3), np.uint8), True),
+        "uint8 6x4x3": (np.zeros((6, 4, 3), np.uint8), False),
+        "uint8 4x6x4": (np.zeros((4, 6, 4), np.uint8), False),
+        "uint8 4x6": (np.zeros((4, 6), np.uint8), False),
+        "float32 4x6x3": (np.zeros((4, 6, 3), np.float32), False),
+        "PIL 6x4": (Image.new("RGB", (6, 4)), False),
+    }
+    for name, (image, expected) in cases.items():
+        assert (part.accepts(image), fused.accepts(image)) == (expected, expected), name

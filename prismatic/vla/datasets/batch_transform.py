@@ -40,7 +40,8 @@ def _text(value: Any) -> str:
 
 
 def _at_size(image: Any, size_hw: tuple[int, int]) -> bool:
-    return isinstance(image, np.ndarray) and image.shape[:2] == size_hw
+    """Whether `image` is an H x W x 3 uint8 array with (H, W) == `size_hw`: what the array path takes."""
+    return isinstance(image, np.ndarray) and image.shape == (*size_hw, 3) and image.dtype == np.uint8
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class _ArrayToNormalizedTensor:
         return cls(size_hw, values.div(255).sub(mean_t).div(std_t).numpy())
 
     def accepts(self, image: Any) -> bool:
-        """Whether `image` takes this path: an H x W x 3 uint8 array already at the transform's size."""
+        """Whether `image` takes this path (training's batch transform, the policy and `DevicePixels` ask this)."""
         return _at_size(image, self.size_hw)
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
@@ -83,7 +84,7 @@ class _FusedArrayTransform:
     size_hw: tuple[int, int]
 
     def accepts(self, image: Any) -> bool:
-        """Whether `image` takes this path: an H x W x 3 uint8 array already at the parts' size."""
+        """Whether `image` takes this path: an H x W x 3 uint8 array at the parts' common size."""
         return _at_size(image, self.size_hw)
 
     def __call__(self, image: np.ndarray) -> dict[str, torch.Tensor]:
@@ -191,12 +192,7 @@ class RLDSBatchTransform:
 
     def _pixel_values(self, image: np.ndarray) -> Any:
         fast = self._fast_image
-        if (
-            fast is not None
-            and image.shape[:2] == fast.size_hw
-            and image.shape[2:] == (3,)
-            and image.dtype == np.uint8
-        ):
+        if fast is not None and fast.accepts(image):
             return fast(image)
         return self.image_transform(Image.fromarray(image))
 
