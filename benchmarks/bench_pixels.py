@@ -50,12 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    try:
+    try:  # an unknown id (the error lists the valid ones) or a malformed device string: one line, exit 2
         device, spec = torch.device(args.device), get_base_vlm_spec(args.base_vlm)
-    except (
-        ConfigError,
-        RuntimeError,
-    ) as error:  # an unknown id (its valid choices), a malformed device string
+    except (ConfigError, RuntimeError) as error:
         print(f"bench_pixels: {error}", file=sys.stderr)
         return 2
     if device.type == "cuda" and not torch.cuda.is_available():

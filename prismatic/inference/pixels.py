@@ -36,7 +36,6 @@ class DevicePixels:
             name: torch.from_numpy(table).to(device=device, dtype=dtype).reshape(-1)
             for name, table in tables.items()
         }
-        self.size_hw: tuple[int, int] = fast_transform.size_hw
         self.device = device
         # The host array path's own test, so an image takes the device path exactly where it would take that one.
         self.accepts = fast_transform.accepts
