@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,7 +80,7 @@ from prismatic.training.preemption import PreemptionHandler  # noqa: E402
 from prismatic.training.strategies import get_train_strategy  # noqa: E402
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop  # noqa: E402
 from prismatic.util.dist import init_distributed  # noqa: E402
-from prismatic.util.kernel_profile import format_profile, profile_run  # noqa: E402
+from prismatic.util.kernel_profile import cuda_syncs, format_profile, profile_run  # noqa: E402
 from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
 from prismatic.vla.datasets.prefetch import prefetched  # noqa: E402
 from prismatic.vla.datasets.synthetic import INSTRUCTIONS, synthetic_batch  # noqa: E402
@@ -354,21 +353,6 @@ class _KernelOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _count_syncs(fn: Any) -> int:
-    """Host syncs `fn` triggers on CUDA (0 on CPU, where nothing waits for a device)."""
-    if not torch.cuda.is_available():
-        fn()
-        return 0
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
-
-
 def run_training_case(
     case: Case,
     variant: str,
@@ -427,7 +411,7 @@ def run_training_case(
         # for compiled blocks, whose kernels are inductor's, not ATen's).
         kernel_ops = None if strategy.compiled else _KernelOps()
         with kernel_ops or contextlib.nullcontext():
-            syncs = _count_syncs(lambda: steps(args.warmup, args.warmup + 1))
+            syncs = len(cuda_syncs(lambda: steps(args.warmup, args.warmup + 1)))
         timed_end = args.warmup + 1 + args.steps
         steps(args.warmup + 1, timed_end)
         step_times, last_loss = times.steps[-args.steps :], times.losses[-1]  # before any profiled step

@@ -12,6 +12,7 @@ CPU, with no device, the same table is built from the ATen ops' own (self) CPU t
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,16 @@ def kind_of(name: str, on_host: bool = False) -> str:
     return HOST if on_host and kind == OTHER and not name.startswith("aten::") else kind
 
 
+def _is_annotation(event: Any) -> bool:
+    """A range the profiler draws on the device's timeline for a `record_function` scope (DDP's forward, a step's
+    marker): it spans the kernels launched inside it and is no kernel, so counting it would add its whole span to
+    the busy time and a launch of kind `other` (one H100 profile of a DDP step listed a 214 ms
+    `DistributedDataParallel.forward`)."""
+    return bool(getattr(event, "is_user_annotation", False)) or "annotation" in str(
+        getattr(event, "activity_type", "")
+    )
+
+
 def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length of the union of `(start, end)` intervals: time the device was busy, overlaps counted once."""
     total, reach = 0.0, float("-inf")
@@ -95,7 +106,7 @@ def summarize(
     host_times: dict[str, list[float]] = {}
     intervals = []
     for event in events:
-        if event.device_type == DeviceType.CUDA:
+        if event.device_type == DeviceType.CUDA and not _is_annotation(event):
             start, end = event.time_range.start, event.time_range.end
             intervals.append((start, end))
             device_times.setdefault(event.name, []).append(end - start)
@@ -122,6 +133,28 @@ def summarize(
     if on_device:
         summary["host_top"] = _costliest(host_times, units, top, True)
     return summary
+
+
+# What `torch.cuda.set_sync_debug_mode("warn")` says at each call that waits for the device. Its other warning,
+# that the mode is a prototype, comes once per process and is no sync (counting it put a phantom sync in the
+# first row of every `bench_gpu.py` run on an H100, 2026-11-27).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def cuda_syncs(fn: Callable[[], Any]) -> list[str]:
+    """The calls in `fn` that made the host wait for a CUDA device, one warning text each (none on a machine
+    without CUDA, where nothing waits for a device; `fn` runs either way)."""
+    if not torch.cuda.is_available():
+        fn()
+        return []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message) for w in caught if SYNC_WARNING in str(w.message)]
 
 
 class ProfileWindow:

@@ -14,7 +14,8 @@ from prismatic.training.profiling import StepProfiler
 
 pytestmark = pytest.mark.gpu
 
-MATMULS_PER_STEP = 5
+MATMULS_PER_STEP = 5  # in the window's steps
+MATMULS_OUTSIDE = 40  # in the steps before and after it
 
 
 def test_a_profiled_window_sees_its_kernels(device: torch.device, tmp_path: Path) -> None:
@@ -22,14 +23,15 @@ def test_a_profiled_window_sees_its_kernels(device: torch.device, tmp_path: Path
     profiler = StepProfiler(tmp_path, 0, device, 2, 2)
     for step in (1, 2, 3, 4):  # the window: steps 2 and 3
         profiler.before_step(step)
-        for _ in range(MATMULS_PER_STEP):
+        for _ in range(MATMULS_PER_STEP if step in (2, 3) else MATMULS_OUTSIDE):
             x = torch.tanh(x @ x)
     profiler.close()
     trace, summary_path = profiler.written
     summary = json.loads(summary_path.read_text())
     assert summary["steps"] == [2, 3] and summary["units"] == 2
-    # One matmul kernel (or ATen mm) per matmul, at least; steps 1 and 4 would add 50 %.
-    assert MATMULS_PER_STEP <= summary["launches_by_kind"]["matmul"] < 1.5 * MATMULS_PER_STEP
+    # One to three kernels per matmul (one ATen mm on CPU; cuBLAS on an H100 adds a split-K reduction kernel to a
+    # 512 x 512 FP32 matmul); step 1 or 4 in the window would add at least 20 a step.
+    assert MATMULS_PER_STEP <= summary["launches_by_kind"]["matmul"] <= 3 * MATMULS_PER_STEP
     assert summary["ms_by_kind"]["matmul"] > 0
     if device.type == "cuda":
         assert 0 < summary["device_busy_ms"] <= summary["wall_ms"]

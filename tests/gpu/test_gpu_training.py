@@ -9,8 +9,6 @@ norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
+from prismatic.util.kernel_profile import cuda_syncs
 
 pytestmark = pytest.mark.gpu
 
@@ -170,14 +169,7 @@ def test_a_lora_step_never_waits_for_the_gpu(
     for _ in range(2):  # compiling, lazy initialisation, DDP's bucket rebuild
         train_step(strategy, built.head, batches, metrics)
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            train_step(strategy, built.head, batches, metrics)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    syncs = cuda_syncs(lambda: train_step(strategy, built.head, batches, metrics))
     assert syncs == [] and strategy.grad_accumulation_steps == 2, syncs
 
 
