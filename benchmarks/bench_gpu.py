@@ -27,12 +27,12 @@ compile their blocks and train under DDP, and steps overlap); `+compile`, `+no-c
 own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
 thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
-`freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (FSDP2 over a
-group of one, or DDP where `--vla.train_strategy auto` picks it; bf16, activation checkpointing on), then
-`train_loop` itself. `--profile N` profiles N more steps
+`freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (on one GPU DDP,
+as `--vla.train_strategy auto` picks it for every case here, or FSDP2 over a group of one with `+fsdp`; bf16,
+activation checkpointing on), then `train_loop` itself. `--profile N` profiles N more steps
 (and N more calls of each predict row) after the timed ones and prints where their time went
 (`prismatic/util/kernel_profile.py`: device busy and idle, time and launches by kind of kernel, the costliest kernels
-and host events).
+and host events); rows timed after a profiled one are marked `after_profile` (they ran slower).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     # One GPU without FSDP2's per-layer copies: on a group of one, FSDP2 still copies every parameter it gathers
     # (the 7B frozen weights, twice a step); DDP + autocast computes on them in place.
     "ddp": {"train_strategy": "ddp"},
-    "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU, LoRA)
+    "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU)
     "grad-op": {"train_strategy": "fsdp-shard-grad-op"},  # gathered once a step, kept until the backward
 }
 
@@ -464,6 +464,14 @@ def _report(result: dict[str, Any]) -> None:
         print(format_profile(label, profiled, "step" if "variant" in result else "call"), flush=True)
 
 
+def _mark_after_profile(result: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
+    """Flag a row timed after a profiled row of this process: on one H100 such rows ran 15-63 % slower than the
+    same set-up timed first (2026-11-27: the ~1B full fine-tune under DDP 653 ms first, 1,065 ms after two profiled
+    rows), so their times compare only with a run without `--profile`."""
+    if any("profile" in row for row in earlier):
+        result["after_profile"] = True
+
+
 def _free(device: torch.device) -> None:
     """Between variants: memory back, and dynamo's compiled code dropped, so each variant compiles as a run of its
     own does (the blocks' code is shared by every model in the process: variants that differ in autocast or
@@ -710,10 +718,12 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 _free(device)
                 result["case_s"] = round(time.perf_counter() - started, 1)
+                _mark_after_profile(result, results)
                 _report(result)
                 results.append(result)
         if not args.no_predict:
             for result in run_predict(predict_id, device, args, tokenizer_dir):
+                _mark_after_profile(result, results)
                 _report(result)
                 results.append(result)
     if args.json_out is not None:

@@ -100,6 +100,8 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         assert sum(profile["ms_by_kind"].values()) <= profile["wall_ms"] * 1.01
         assert profile["top"] and all(t["ms"] > 0 for t in profile["top"])
         assert f"profile {r['case']}" in done.stdout
+    # Every row but the first was timed after a profiled one (slower on an H100): each is marked so.
+    assert [r.get("after_profile", False) for r in results] == [False] + [True] * (len(results) - 1)
     traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
     assert "lora-tiny-new+sac-ops+prefetch.json" in traces and len(traces) == len(results)
     assert "traceEvents" in json.loads((tmp_path / "traces" / traces[0]).read_text())

@@ -339,7 +339,7 @@ register_vla(
     max_grad_norm=1.0,
     lr_scheduler_type="constant",
     warmup_ratio=0.0,
-    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except a LoRA run on one GPU: ddp (choose_train_strategy)
+    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except on one GPU where DDP fits: ddp (choose_train_strategy)
 )
 register_vla("siglip-224px-icy+mx-bridge", "siglip-224px+mx-bridge", freeze_vision_backbone=True)
 register_vla(

@@ -29,8 +29,8 @@ def test_a_profiled_window_sees_its_kernels(device: torch.device, tmp_path: Path
     trace, summary_path = profiler.written
     summary = json.loads(summary_path.read_text())
     assert summary["steps"] == [2, 3] and summary["units"] == 2
-    # One to three kernels per matmul (one ATen mm on CPU; cuBLAS on an H100 adds a split-K reduction kernel to a
-    # 512 x 512 FP32 matmul); step 1 or 4 in the window would add at least 20 a step.
+    # One to three kernels per matmul (one ATen mm on CPU; on an H100 cuBLAS ran two `sm80_xmma_gemm_f32f32`
+    # kernels per 512 x 512 FP32 matmul); step 1 or 4 in the window would add at least 20 a step.
     assert MATMULS_PER_STEP <= summary["launches_by_kind"]["matmul"] <= 3 * MATMULS_PER_STEP
     assert summary["ms_by_kind"]["matmul"] > 0
     if device.type == "cuda":

@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.strategies import ddp as ddp_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
 from prismatic.util.kernel_profile import cuda_syncs
@@ -127,13 +128,16 @@ def test_ddp_autocast_step_matches_cpu(process_group: DistInfo) -> None:
     assert_matches_reference(got, reference_steps(built, vla, batches, n_micro=2))
 
 
-def test_auto_trains_lora_under_ddp_and_a_full_fine_tune_under_fsdp2(
-    cuda_device: torch.device, process_group: DistInfo
+def test_auto_trains_under_ddp_on_one_gpu_and_under_fsdp2_where_ddp_would_not_fit(
+    cuda_device: torch.device, process_group: DistInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--vla.train_strategy auto` on one GPU: DDP for LoRA (measured faster there), FSDP2 otherwise."""
+    """`--vla.train_strategy auto` on one GPU: DDP for LoRA and for a full fine-tune whose DDP peak (two replicas)
+    fits the free memory, as the tiny model's does; FSDP2 for one that would not (here: a peak of 10^9 replicas)."""
     lora = build(tiny_vla(use_lora=True, compile="off"), process_group).strategy
     full = build(tiny_vla(compile="off"), process_group).strategy
-    assert type(lora.model) is DistributedDataParallel and isinstance(full.model, FSDPModule)
+    assert type(lora.model) is DistributedDataParallel and type(full.model) is DistributedDataParallel
+    monkeypatch.setattr(ddp_strategy, "FULL_FINE_TUNE_PEAK_REPLICAS", 10**9)
+    assert isinstance(build(tiny_vla(compile="off"), process_group).strategy.model, FSDPModule)
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.lora import LoraSettings, apply_lora
 from prismatic.training.strategies import choose_train_strategy, get_train_strategy
+from prismatic.training.strategies.ddp import full_fine_tune_fits
 from prismatic.util.dist import DistInfo
 from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets.synthetic import synthetic_batch
@@ -130,24 +131,70 @@ def test_ddp_builds_distributed_data_parallel_around_the_model(one_rank: DistInf
 
 
 @pytest.mark.parametrize(
-    ("use_lora", "world_size", "device", "cpu_offload", "chosen"),
+    ("use_lora", "world_size", "device", "cpu_offload", "ddp_fits", "chosen"),
     [
-        (True, 1, "cuda", False, "ddp"),  # the one case DDP was measured faster in (7B LoRA on an H100)
-        (True, 1, "cpu", False, "fsdp-full-shard"),  # CPU runs stay as they were
-        (True, 2, "cuda", False, "fsdp-full-shard"),  # several GPUs: OpenVLA's choice
-        (True, 1, "cuda", True, "fsdp-full-shard"),  # offload is FSDP2's
-        (False, 1, "cuda", False, "fsdp-full-shard"),  # a full fine-tune: not timed under DDP, more memory
+        (True, 1, "cuda", False, False, "ddp"),  # 7B LoRA on an H100: 549-562 against 687 ms a step
+        (
+            False,
+            1,
+            "cuda",
+            False,
+            True,
+            "ddp",
+        ),  # ~1B full fine-tune on an H100: 613-653 against 1,491-1,581 ms
+        (False, 1, "cuda", False, False, "fsdp-full-shard"),  # a full fine-tune DDP's memory would not fit
+        (True, 1, "cpu", False, True, "fsdp-full-shard"),  # CPU runs stay as they were
+        (True, 2, "cuda", False, True, "fsdp-full-shard"),  # several GPUs: OpenVLA's choice
+        (False, 2, "cuda", False, True, "fsdp-full-shard"),
+        (True, 1, "cuda", True, True, "fsdp-full-shard"),  # offload is FSDP2's
     ],
 )
-def test_auto_strategy_is_ddp_only_for_a_lora_run_on_one_gpu(
-    use_lora: bool, world_size: int, device: str, cpu_offload: bool, chosen: str
+def test_auto_strategy_is_ddp_only_on_one_gpu(
+    use_lora: bool, world_size: int, device: str, cpu_offload: bool, ddp_fits: bool, chosen: str
 ) -> None:
     vla = get_vla_config(VLA)
     assert vla.train_strategy == "auto"
     vla.use_lora, vla.cpu_offload = use_lora, cpu_offload
-    assert choose_train_strategy(vla, world_size, torch.device(device)) == chosen
+    assert choose_train_strategy(vla, world_size, torch.device(device), ddp_fits) == chosen
     vla.train_strategy = "fsdp-shard-grad-op"  # a named strategy is kept whatever the run
-    assert choose_train_strategy(vla, world_size, torch.device(device)) == "fsdp-shard-grad-op"
+    assert choose_train_strategy(vla, world_size, torch.device(device), ddp_fits) == "fsdp-shard-grad-op"
+
+
+def test_a_full_fine_tune_fits_ddp_when_two_replicas_fit_the_free_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica is the weights plus an FP32 gradient and two AdamW moments per trainable parameter: a 10 x 10
+    Linear's 110 FP32 parameters take 110 x 4 x 4 = 1,760 bytes, so DDP is expected to fit in 3,520 free bytes."""
+    model = torch.nn.Linear(10, 10)
+    free = {"bytes": 3_520}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 10**12))
+    assert full_fine_tune_fits(model, torch.device("cuda", 0))
+    free["bytes"] = 3_519
+    assert not full_fine_tune_fits(model, torch.device("cuda", 0))
+    model.bias.requires_grad_(False)  # a frozen bias: its 40 bytes of weights, no gradient or moments
+    assert full_fine_tune_fits(model, torch.device("cuda", 0))  # 2 x (440 + 100 x 12) = 3,280 bytes
+    assert not full_fine_tune_fits(model, torch.device("cpu"))  # off CUDA: never (CPU runs keep FSDP2)
+
+
+def test_auto_weighs_a_full_fine_tune_against_the_gpus_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`get_train_strategy` measures the run's own model on its own device: a full fine-tune of the tiny model on
+    one (stand-in) GPU trains under DDP with free memory for two replicas (FP32 weights, and per trainable
+    parameter a gradient and two AdamW moments), under FSDP2 with a byte less. Nothing is set up."""
+    vla = get_vla_config(VLA)
+    vla.enable_mixed_precision_training = False  # no bf16 query of a GPU this machine lacks
+    vlm = build_vlm(BASE)
+    vlm.freeze_backbones("vla-train")  # the vision backbone frozen: weights only
+    vlm.attach_action_modules(ActionSpec())
+    params = list(vlm.parameters())
+    need = 2 * (
+        4 * sum(p.numel() for p in params) + 3 * 4 * sum(p.numel() for p in params if p.requires_grad)
+    )
+    free = {"bytes": need}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 10**12))
+    gpu = DistInfo(rank=0, local_rank=0, world_size=1, num_nodes=1, device=torch.device("cuda", 0))
+    assert type(get_train_strategy(vlm, vla, gpu)).__name__ == "DDPStrategy"
+    free["bytes"] = need - 1
+    assert type(get_train_strategy(vlm, vla, gpu)).__name__ == "FSDPStrategy"
 
 
 def test_auto_builds_fsdp2_for_a_lora_run_on_cpu(one_rank: DistInfo, one_node: None) -> None:

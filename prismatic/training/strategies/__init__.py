@@ -32,20 +32,21 @@ TRAIN_STRATEGIES.register(
 TRAIN_STRATEGIES.register("ddp", "prismatic.training.strategies.ddp:DDPStrategy")
 
 
-def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any) -> str:
+def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any, ddp_fits: bool) -> str:
     """The strategy a run with `vla` uses on `world_size` processes on `device`: `vla.train_strategy`, or for
-    `auto`, `ddp` when a LoRA run is one process on one CUDA GPU and `fsdp-full-shard` (OpenVLA's) otherwise.
+    `auto`, `ddp` when the run is one process on one CUDA GPU without CPU offload and either trains LoRA adapters
+    or is a full fine-tune that `ddp_fits` (`ddp.full_fine_tune_fits`), and `fsdp-full-shard` (OpenVLA's) otherwise.
 
     On a group of one, FSDP2 shards nothing but still copies every parameter it gathers and runs the optimizer on
-    DTensors; DDP computes on the weights in place. A 7B LoRA step on one H100 took 562 ms under DDP against 687
-    under FSDP2, at the same peak memory and loss (docs/performance.md). A full fine-tune stays on FSDP2: under
-    DDP, autocast would cache a bf16 copy of every trainable FP32 weight for the forward pass (about 14 GB at
-    7B), and it has not been timed on a GPU. CPU offload needs FSDP2; CPU runs stay as they were.
+    DTensors; DDP computes on the weights in place. On one H100 (docs/performance.md) a 7B LoRA step took 549-562
+    ms under DDP against 687 under FSDP2 at the same peak memory, and a ~1B full fine-tune step 613-653 ms against
+    1,491-1,581, for 29 % more peak memory (autocast's bf16 weight copies). A 7B full fine-tune does not fit one GPU
+    under DDP and stays on FSDP2. CPU offload needs FSDP2; CPU runs stay as they were.
     """
     if vla.train_strategy != AUTO:
         return vla.train_strategy
-    one_gpu = world_size == 1 and getattr(device, "type", device) == "cuda"
-    return "ddp" if one_gpu and vla.use_lora and not vla.cpu_offload else "fsdp-full-shard"
+    one_gpu = world_size == 1 and getattr(device, "type", device) == "cuda" and not vla.cpu_offload
+    return "ddp" if one_gpu and (vla.use_lora or ddp_fits) else "fsdp-full-shard"
 
 
 def get_train_strategy(
@@ -53,7 +54,11 @@ def get_train_strategy(
 ) -> TrainingStrategy:
     """The strategy `vla.train_strategy` names (`auto`: `choose_train_strategy`'s), built for `vlm` (a ConfigError
     listing the names when unknown)."""
-    name = choose_train_strategy(vla, dist_info.world_size, dist_info.device)
+    # lazy: the registry's names are read without torch
+    from prismatic.training.strategies.ddp import full_fine_tune_fits
+
+    fits = vla.train_strategy == AUTO and full_fine_tune_fits(vlm, dist_info.device)
+    name = choose_train_strategy(vla, dist_info.world_size, dist_info.device, fits)
     if vla.train_strategy == AUTO:
         logger.info(
             "--vla.train_strategy auto: %s (world size %d on %s)",

@@ -47,6 +47,20 @@ def replica_bytes(model: torch.nn.Module) -> int:
     return weights + 3 * FP32_BYTES * trainable
 
 
+# DDP's peak memory in a full fine-tune, in replicas (`replica_bytes`): the ~1B full fine-tune (1.21B trainable
+# parameters, batch 16, activation checkpointing) peaked at 36.7 GB on one H100 with a 19.4 GB replica (2026-11-27).
+FULL_FINE_TUNE_PEAK_REPLICAS = 2
+
+
+def full_fine_tune_fits(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether a full fine-tune of `model` under DDP is expected to fit `device`'s free memory (its measured peak,
+    `FULL_FINE_TUNE_PEAK_REPLICAS` replicas): where `--vla.train_strategy auto` trains one on one GPU under DDP.
+    A ~1B model fits an 80 GB card; a 7B one (a 120 GB replica) fits none. False off CUDA."""
+    if device.type != "cuda":
+        return False
+    return FULL_FINE_TUNE_PEAK_REPLICAS * replica_bytes(model) <= torch.cuda.mem_get_info(device)[0]
+
+
 def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
     """Refuse DDP on a GPU whose free memory cannot hold the replica (`replica_bytes`); CPUs are not checked.
 
@@ -58,7 +72,7 @@ def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
     need, free = replica_bytes(model), torch.cuda.mem_get_info(device)[0]
     if need > free:
         raise ConfigError(
-            "DDP (--vla.train_strategy ddp, or auto for a LoRA run on one GPU) keeps a full replica of the model "
+            "DDP (--vla.train_strategy ddp, or auto on one GPU) keeps a full replica of the model "
             f"on every GPU: {need / 1e9:.1f} GB of weights, FP32 gradients and AdamW moments, but {device} has "
             f"{free / 1e9:.1f} GB free. Use "
             "--vla.train_strategy fsdp-full-shard (shards all of it over the GPUs), or train LoRA adapters "
