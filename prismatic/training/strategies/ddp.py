@@ -48,7 +48,7 @@ def replica_bytes(model: torch.nn.Module) -> int:
 
 
 # DDP's peak memory in a full fine-tune, in replicas (`replica_bytes`): the ~1B full fine-tune (1.21B trainable
-# parameters, batch 16, activation checkpointing) peaked at 36.7 GB on one H100 with a 19.4 GB replica (2026-11-27).
+# parameters, batch 16, activation checkpointing) peaked at 36.7 GB on one H100 with a 19.5 GB replica (2026-11-27).
 FULL_FINE_TUNE_PEAK_REPLICAS = 2
 
 
