@@ -85,7 +85,8 @@ class VLAConfig(ChoiceRegistry):
     warmup_ratio: float = 0.0  # fraction of steps spent warming up, in [0, 1) (warmup schedules only)
     # step-decay (OpenVLA-OFT's MultiStepLR): the peak LR for this many optimiser steps, then a tenth of it.
     num_steps_before_decay: int | None = None  # >= 1; read by step-decay only
-    # auto: ddp for a LoRA run on one CUDA GPU (measured faster there), else fsdp-full-shard (OpenVLA's choice).
+    # auto: ddp on one CUDA GPU for LoRA, and for a full fine-tune where DDP's memory fits (measured faster
+    # there), else fsdp-full-shard (OpenVLA's choice).
     train_strategy: str = "auto"  # auto, fsdp-full-shard, fsdp-shard-grad-op or ddp
 
     # LoRA (peft): train low-rank adapters instead of the weights, through the same loop and strategies. The

@@ -67,9 +67,7 @@ def _is_annotation(event: Any) -> bool:
     marker): it spans the kernels launched inside it and is no kernel, so counting it would add its whole span to
     the busy time and a launch of kind `other` (one H100 profile of a DDP step listed a 214 ms
     `DistributedDataParallel.forward`)."""
-    return bool(getattr(event, "is_user_annotation", False)) or "annotation" in str(
-        getattr(event, "activity_type", "")
-    )
+    return bool(event.is_user_annotation)
 
 
 def union_us(intervals: Iterable[tuple[float, float]]) -> float:
