@@ -22,7 +22,8 @@ cases run the GPU cases' architectures at width 64 with every layer and block, s
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
 eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU the LoRA cases
 compile their blocks and train under DDP, and steps overlap); `+compile`, `+no-compile`, `+sac-ops`, `+every-2`,
-`+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp` and `+grad-op` change one means each
+`+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`, `+grad-op`, `+cpp-wrapper` and `+cudagraphs`
+(`--vla.compile_mode`: compiled blocks launched from C++, or replayed from CUDA graphs) change one means each
 (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
 own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
@@ -135,6 +136,9 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "ddp": {"train_strategy": "ddp"},
     "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU)
     "grad-op": {"train_strategy": "fsdp-shard-grad-op"},  # gathered once a step, kept until the backward
+    # How compiled blocks launch their kernels (`--vla.compile_mode`): from C++, or replayed from CUDA graphs.
+    "cpp-wrapper": {"compile": "on", "compile_mode": "cpp-wrapper"},
+    "cudagraphs": {"compile": "on", "compile_mode": "reduce-overhead"},
 }
 
 
@@ -314,6 +318,9 @@ class _NoCheckpoints:
     def wait(self) -> None: ...
 
 
+CYCLED_BATCHES = 4  # the batches a row trains on, cycled (seeds 0-3)
+
+
 class SyntheticBatches(IterableDataset):
     """Endless collated batches from the project's transform and collator, made when asked for (seeds cycle
     through 0-3, so every variant trains on the same 4 batches)."""
@@ -323,7 +330,7 @@ class SyntheticBatches(IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for i in itertools.count():
-            yield synthetic_batch(self.vlm, self.head, self.batch_size, seed=i % 4)
+            yield synthetic_batch(self.vlm, self.head, self.batch_size, seed=i % CYCLED_BATCHES)
 
 
 # ATen ops that launch no kernel besides views (`OpOverload.is_view`): allocation, reshapes that copy nothing
@@ -361,7 +368,9 @@ def run_training_case(
     tokenizer_dir: Path,
     dist_info: Any,
 ) -> dict[str, Any]:
-    vla = _vla(case, variant, args.warmup + args.steps + 1 + args.profile_steps, args.overrides)
+    # Room for every step the row may run: under CUDA graphs the warm-up is at least two passes over the batches.
+    max_steps = max(args.warmup, 2 * CYCLED_BATCHES) + 1 + args.steps + args.profile_steps
+    vla = _vla(case, variant, max_steps, args.overrides)
     vlm = random_vlm(case.base_vlm, device, tokenizer_dir, case.width)
     vlm.freeze_backbones(vla.stage)
     if vla.use_lora:
@@ -375,11 +384,13 @@ def run_training_case(
     loader = DataLoader(
         SyntheticBatches(vlm, head, case.batch), batch_size=None, pin_memory=device.type == "cuda"
     )
-    batches = list(itertools.islice(iter(loader), 4))
+    batches = list(itertools.islice(iter(loader), CYCLED_BATCHES))
     flops_per_sample = model_flops_per_sample(vlm, batches[0])
 
     strategy = get_train_strategy(vlm, vla, dist_info, grad_sync="auto")
     strategy.setup(vla.max_steps)
+    inductor_counts = torch._dynamo.utils.counters["inductor"]
+    skips_before = inductor_counts["cudagraph_skips"]
 
     times = _Times(args.print_losses)
     hooks = LoopHooks(trackers=[times], checkpoints=_NoCheckpoints(), preemption=PreemptionHandler())
@@ -401,8 +412,11 @@ def run_training_case(
             )
             train_loop(strategy, head, stream_iter, metrics, plan, counters, hooks)
 
+        # Compilation, allocator warm-up; under CUDA graphs every cycled batch twice (a block records its graph
+        # for a shape on its second call with it), so that timed steps replay.
+        warmup = max(args.warmup, 2 * CYCLED_BATCHES) if strategy.cuda_graphs else args.warmup
         started = time.perf_counter()
-        steps(0, args.warmup)  # compilation, allocator warm-up
+        steps(0, warmup)
         warmup_s = time.perf_counter() - started
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -411,9 +425,9 @@ def run_training_case(
         # for compiled blocks, whose kernels are inductor's, not ATen's).
         kernel_ops = None if strategy.compiled else _KernelOps()
         with kernel_ops or contextlib.nullcontext():
-            syncs = len(cuda_syncs(lambda: steps(args.warmup, args.warmup + 1)))
-        timed_end = args.warmup + 1 + args.steps
-        steps(args.warmup + 1, timed_end)
+            syncs = len(cuda_syncs(lambda: steps(warmup, warmup + 1)))
+        timed_end = warmup + 1 + args.steps
+        steps(warmup + 1, timed_end)
         step_times, last_loss = times.steps[-args.steps :], times.losses[-1]  # before any profiled step
         profiled = None
         if args.profile_steps:
@@ -440,6 +454,11 @@ def run_training_case(
         else None,
         "host_syncs_per_step": syncs,
         "aten_ops_per_step": kernel_ops.count if kernel_ops is not None else None,
+        # Compiled graphs inductor ran without CUDA graphs under `+cudagraphs` (its log says why): 0 on a GPU
+        # when every block replays from graphs.
+        "cudagraph_skips": inductor_counts["cudagraph_skips"] - skips_before
+        if strategy.cuda_graphs
+        else None,
         "warmup_s": round(warmup_s, 1),
         "last_loss": round(last_loss, 4),
     }

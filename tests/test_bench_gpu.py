@@ -163,6 +163,23 @@ def test_set_and_variants_give_the_config_fields_they_name() -> None:
         False,
     )
     assert parse_variant("before+grad-op")[1] == {"train_strategy": "fsdp-shard-grad-op"}
+    assert parse_variant("new+cpp-wrapper")[1] == {"compile": "on", "compile_mode": "cpp-wrapper"}
+    assert parse_variant("new+cudagraphs")[1] == {"compile": "on", "compile_mode": "reduce-overhead"}
+
+
+def test_cudagraphs_rows_count_the_graphs_inductor_skipped(tmp_path: Path) -> None:
+    """`+cudagraphs` compiles the blocks for CUDA graphs and reports how many compiled graphs ran without them: on
+    CPU inductor skips every one (on a GPU the count says whether the blocks replay); other rows report none."""
+    out = tmp_path / "results.jsonl"
+    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--cases", "lora-tiny"]
+    cmd += ["--variants", "new+ddp", "new+ddp+cudagraphs", "--steps", "1", "--warmup", "1", "--no_predict"]
+    cmd += ["--set", "enable_mixed_precision_training=false", "--json_out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    eager, graphs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "error" not in graphs, graphs
+    assert (eager["compiled"], eager["cudagraph_skips"]) == (False, None)
+    assert graphs["compiled"] is True and graphs["cudagraph_skips"] >= 1
 
 
 def test_narrow_cases_keep_every_layer_and_block_of_the_real_architecture(tmp_path: Path) -> None:

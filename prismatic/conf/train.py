@@ -89,7 +89,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     # Gradient reduction with accumulation: once per step (unsharded FP32 gradients kept between micro-batches) or
-    # reduce-scattered after every micro-batch (sharded gradients only); auto picks by the memory they would need.
+    # reduce-scattered after every micro-batch (sharded gradients only); auto picks by the memory they would need
+    # (FSDP), or after every micro-batch under CUDA graphs (DDP with --vla.compile_mode reduce-overhead).
     grad_sync: str = "auto"  # auto, micro-batch or step
     sharding: str = (
         "auto"  # FSDP: full (shard over all ranks), hybrid (shard in a node, replicate across), auto

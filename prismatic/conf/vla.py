@@ -33,6 +33,13 @@ SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
 # run's config.yaml from before `compile` took `auto` says `compile: false`), and the flag alone means on.
 SWITCH = {"switch": True}
 CHECKPOINTING_POLICIES = ("full", "selective-ops", "every-N (N >= 1)")  # --vla.checkpointing_policy
+# --vla.compile_mode: how compiled blocks run their kernels, as torch.compile's keyword arguments per name. All three
+# run inductor's kernels; they differ in what the host does per launch, which bounds a launch-bound step.
+COMPILE_MODES: dict[str, dict[str, Any]] = {
+    "default": {},  # launched one by one from inductor's Python wrapper
+    "cpp-wrapper": {"options": {"cpp_wrapper": True}},  # launched from a generated C++ wrapper
+    "reduce-overhead": {"mode": "reduce-overhead"},  # replayed from CUDA graphs (CUDA, DDP)
+}
 
 
 def checkpointing_stride(policy: str) -> int | None:
@@ -112,6 +119,7 @@ class VLAConfig(ChoiceRegistry):
     causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
     prefetch_batches: int = 0  # batches made ahead on a background thread (transform, collate, pin); 0: off
     compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: on CUDA if LoRA or no AC
+    compile_mode: str = "default"  # kernel launches of compiled blocks: default, cpp-wrapper, reduce-overhead
     overlap_steps: str = field(default="auto", metadata=SWITCH)  # read metrics after queuing the next step
 
     def __post_init__(self) -> None:
@@ -181,6 +189,7 @@ class VLAConfig(ChoiceRegistry):
             ("logits_at_labels", self.logits_at_labels, SPEED_SWITCHES),
             ("causal_mask_only", self.causal_mask_only, SPEED_SWITCHES),
             ("compile", self.compile, SPEED_SWITCHES),
+            ("compile_mode", self.compile_mode, tuple(COMPILE_MODES)),
             ("overlap_steps", self.overlap_steps, SPEED_SWITCHES),
         ):
             if value not in choices:

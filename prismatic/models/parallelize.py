@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -173,37 +174,46 @@ def apply_llm_activation_checkpointing(vlm: PrismaticVLM, policy: str = "full") 
     return len(chosen)
 
 
-def compile_blocks(vlm: PrismaticVLM) -> int:
+def compile_blocks(vlm: PrismaticVLM, compile_kwargs: Mapping[str, Any] | None = None) -> int:
     """`torch.compile` the `forward` of every LLM decoder layer and every ViT block that runs, in place (the modules,
-    their parameters and checkpoint keys stay as they are). Returns the number compiled.
+    their parameters and checkpoint keys stay as they are), with `compile_kwargs` (`COMPILE_MODES`' entry of
+    `--vla.compile_mode`). Returns the number compiled.
 
     Per block, not the whole model (torchtitan's way): the blocks of a stack share one compiled graph, and a graph
     break in the glue between blocks costs nothing. Only `forward` is compiled, never the module's call: FSDP2's
     per-block hooks (all-gather, reduce-scatter, and their CUDA stream waits) and the activation-checkpointing
     wrapper run outside the graph, as without compilation. Except a `SelectiveCheckpointWrapper`: it is compiled
     with its layer, as only the compiler applies an op-level policy inside a compiled graph (outside, the policy does
-    not reach into the compiled layer, whose backward then re-runs as many matmuls as under `full`, or more). Call
+    not reach into the compiled layer, whose backward then re-runs as many matmuls as under `full`, or more). Under
+    CUDA graphs (`reduce-overhead`) every checkpoint wrapper is compiled with its layer: the recomputation is then
+    part of the compiled backward, instead of a compiled forward run again from inside the backward pass. Call
     after activation checkpointing and before `apply_fsdp`.
     """
+    kwargs = dict(compile_kwargs or {})
+    graphs = kwargs.get("mode") == "reduce-overhead"
     unused = {id(module) for module in vlm.vision_backbone.unused_modules()}
     blocks = [block for block in vlm.vision_backbone.get_blocks() if id(block) not in unused]
     blocks += list(vlm.llm_backbone.get_layers())
     for block in blocks:
         inner = getattr(block, "_checkpoint_wrapped_module", block)
-        target = block if isinstance(block, SelectiveCheckpointWrapper) else inner
-        target.forward = torch.compile(target.forward)
+        whole = isinstance(block, SelectiveCheckpointWrapper) or (graphs and inner is not block)
+        target = block if whole else inner
+        target.forward = torch.compile(target.forward, **kwargs)
     return len(blocks)
 
 
-def compiler_problem(device: torch.device) -> str | None:
-    """Why `torch.compile` cannot run on `device` in this environment, or None when it can.
+def compiler_problem(device: torch.device, compile_kwargs: Mapping[str, Any] | None = None) -> str | None:
+    """Why `torch.compile` with `compile_kwargs` cannot run on `device` in this environment, or None when it can.
 
-    Compiles and runs one tiny function (seconds, once per process), so that a broken toolchain (no C compiler, no
-    Triton, a card Triton does not support, an unwritable cache directory) shows at set-up, where training can go
-    on without compiling, instead of as a traceback inside the first step.
+    Compiles one tiny function's forward and backward and runs them (seconds, once per process), so that a broken
+    toolchain (no C compiler, no Triton, a card Triton does not support, an unwritable cache directory, a C++
+    wrapper that cannot build) shows at set-up, where training can go on without compiling, instead of as a
+    traceback inside the first step.
     """
     try:
-        torch.compile(_probe, dynamic=False)(torch.ones(4, device=device)).cpu()
+        x = torch.ones(4, device=device, requires_grad=True)
+        torch.compile(_probe, dynamic=False, **dict(compile_kwargs or {}))(x).sum().backward()
+        x.grad.cpu()
     except Exception as error:  # noqa: BLE001 - whatever fails, the compiler stack cannot be used here
         first_line = next((line for line in str(error).splitlines() if line.strip()), "")
         return f"{type(error).__name__}: {first_line.strip()}" if first_line else type(error).__name__

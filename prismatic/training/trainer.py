@@ -84,6 +84,7 @@ def train_step(
     # every step took the host ~10 ms.
     if not model.training:
         model.train()
+    strategy.begin_step()
     for i in range(n_micro):
         batch = strategy.to_device(next(batches))
         with (

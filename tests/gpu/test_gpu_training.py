@@ -1,7 +1,8 @@
 """Training's CUDA paths on one GPU: NCCL, FSDP2 + bf16 + accumulation in both `--grad_sync` modes, CPU offload,
-DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`), a step's host syncs. Each step runs through
-`get_train_strategy(...).setup()` and training's own `train_loop` (or its `train_step`), and its loss and gradient
-norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
+DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`, and each `--vla.compile_mode`), a step's host
+syncs. Each step runs through `get_train_strategy(...).setup()` and training's own `train_loop` (or its
+`train_step`), and its loss and gradient norm are checked against the same steps on the CPU in FP32
+(`gpu_setup.reference_steps`).
 
     make test-gpu                                            # on a GPU machine
     PRISMATIC_GPU_TESTS_ON_CPU=1 pytest -q tests/gpu        # the CPU-capable ones, here
@@ -155,6 +156,28 @@ def test_lora_compiles_its_blocks_by_default_and_matches_cpu(
     assert built.strategy.compiled is (process_group.device.type == "cuda")
     batches = micro_batches(built, 2 if bf16 else 4)
     assert_matches_reference(train_steps(built, batches), reference_steps(built, vla, batches, n_micro=2))
+
+
+@pytest.mark.parametrize(
+    ("mode", "policy", "n_micro"),
+    [("cpp-wrapper", "full", 1), ("reduce-overhead", "full", 1), ("reduce-overhead", "selective-ops", 2)],
+)
+def test_compile_modes_train_like_cpu(process_group: DistInfo, mode: str, policy: str, n_micro: int) -> None:
+    """`--vla.compile_mode` on the GPU: LoRA under DDP, FP32, four steps (CUDA graphs are recorded on a block's
+    second call and replayed from its third; with accumulation, DDP reduces every micro-batch's gradients out of
+    the graphs' memory) against the CPU reference. Under `reduce-overhead` every compiled graph runs from CUDA
+    graphs: inductor skipped none."""
+    vla = tiny_vla(use_lora=True, train_strategy="ddp", compile="on", compile_mode=mode)
+    vla.checkpointing_policy, vla.enable_mixed_precision_training = policy, False
+    vla.global_batch_size = n_micro * vla.per_device_batch_size
+    counts = torch._dynamo.utils.counters["inductor"]
+    skips_before = counts["cudagraph_skips"]
+    built = build(vla, process_group)
+    assert built.strategy.compiled and built.strategy.cuda_graphs is (mode == "reduce-overhead")
+    batches = micro_batches(built, 4 * n_micro)
+    assert_matches_reference(train_steps(built, batches), reference_steps(built, vla, batches, n_micro))
+    if mode == "reduce-overhead" and process_group.device.type == "cuda":
+        assert counts["cudagraph_skips"] == skips_before
 
 
 @pytest.mark.parametrize("strategy_name", ["fsdp-full-shard", "ddp"])

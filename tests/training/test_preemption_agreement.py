@@ -42,6 +42,9 @@ class _Strategy:
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
         self.grad_accumulation_steps = 1
 
+    def begin_step(self) -> None:
+        pass
+
     def to_device(self, batch):
         return batch
 

@@ -317,7 +317,7 @@ def _probe_on_two_ranks(rank: int, store: str, out: str, setting: str) -> None:
     """Rank 1's compiler is broken, rank 0's works: record what each rank's set-up did."""
     os.environ["LOCAL_WORLD_SIZE"] = "2"  # one node of two ranks, as torchrun would say
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    base.compiler_problem = lambda device: "RuntimeError: cc is not found." if rank == 1 else None
+    base.compiler_problem = lambda device, *_: "RuntimeError: cc is not found." if rank == 1 else None
     VLAConfig.compiles = lambda self, device: True  # as `auto` is for LoRA on CUDA
     vla = get_vla_config(VLA)
     vla.compile, vla.enable_mixed_precision_training = setting, False

@@ -49,6 +49,9 @@ class _Strategy:
         self.last_flags: list[bool] = []
         self.grads_at_clip: list[float] = []
 
+    def begin_step(self) -> None:
+        pass
+
     def to_device(self, batch):
         return batch
 

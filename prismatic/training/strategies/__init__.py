@@ -2,7 +2,8 @@
 
 The names are read without torch (the config checks the flag while it parses); a class loads when it is built. A
 new strategy is its class plus one `TRAIN_STRATEGIES.register(name, "module:Class")` line; `cpu_offload=True`
-marks one that can keep parameters on the host (`--vla.cpu_offload`). `auto` (the default) is no class: each run
+marks one that can keep parameters on the host (`--vla.cpu_offload`), `static_parameters=True` one whose parameters keep
+their storage between steps (`--vla.compile_mode reduce-overhead`). `auto` (the default) is no class: each run
 makes it one of them (`choose_train_strategy`).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from prismatic.util.errors import ConfigError
 from prismatic.util.lazy import LazyRegistry, lazy_getattr
 
 if TYPE_CHECKING:
@@ -29,7 +31,8 @@ TRAIN_STRATEGIES.register(
 TRAIN_STRATEGIES.register(
     "fsdp-shard-grad-op", "prismatic.training.strategies.fsdp:FSDPShardGradOpStrategy", cpu_offload=True
 )
-TRAIN_STRATEGIES.register("ddp", "prismatic.training.strategies.ddp:DDPStrategy")
+# `static_parameters=True`: parameters keep their storage from step to step (what CUDA graphs replay on).
+TRAIN_STRATEGIES.register("ddp", "prismatic.training.strategies.ddp:DDPStrategy", static_parameters=True)
 
 
 def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any, ddp_fits: bool) -> str:
@@ -49,6 +52,40 @@ def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any, ddp_fits
     return "ddp" if one_gpu and (vla.use_lora or ddp_fits) else "fsdp-full-shard"
 
 
+def check_cuda_graphs(
+    vla: VLAConfig, strategy: str, world_size: int, device: Any, grad_sync: str = "auto"
+) -> None:
+    """Refuse `--vla.compile_mode reduce-overhead` where replaying CUDA graphs would be wrong (where the blocks are
+    compiled at all). A replay writes its outputs where the previous one did, so it needs parameters that keep their
+    storage between steps (DDP's; FSDP2 frees and re-gathers them around every block) and gradients that leave the
+    graphs' memory within each micro-batch: DDP copies them into its buckets when it reduces them, which under
+    accumulation it does after every micro-batch (`--grad_sync auto` or `micro-batch`), not under `step`, where
+    they would wait in the graphs' memory for the next micro-batch's replay to overwrite.
+
+    Raises:
+        ConfigError: naming what stands in the way and what works.
+    """
+    if vla.compile_mode != "reduce-overhead" or not vla.compiles(device):
+        return
+    problems = []
+    if not TRAIN_STRATEGIES.fact(strategy, "static_parameters", False):
+        problems.append(f"the strategy is {strategy}, which frees and re-gathers the parameters every step")
+    accumulation = vla.grad_accumulation_steps(world_size)
+    if accumulation > 1 and grad_sync == "step":
+        problems.append(
+            f"--grad_sync step keeps the gradients of {accumulation} micro-batches in the graphs' memory until the "
+            "step ends"
+        )
+    if problems:
+        raise ConfigError(
+            "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
+            "(--vla.train_strategy ddp, or auto on one GPU) with gradients reduced after every micro-batch "
+            "(--grad_sync auto or micro-batch), but "
+            + " and ".join(problems)
+            + ". Use --vla.compile_mode cpp-wrapper or default, or DDP with --grad_sync auto."
+        )
+
+
 def get_train_strategy(
     vlm: PrismaticVLM, vla: VLAConfig, dist_info: DistInfo, *, grad_sync: str = "auto", sharding: str = "auto"
 ) -> TrainingStrategy:
@@ -59,6 +96,7 @@ def get_train_strategy(
 
     fits = vla.train_strategy == AUTO and full_fine_tune_fits(vlm, dist_info.device)
     name = choose_train_strategy(vla, dist_info.world_size, dist_info.device, fits)
+    check_cuda_graphs(vla, name, dist_info.world_size, dist_info.device, grad_sync)
     if vla.train_strategy == AUTO:
         logger.info(
             "--vla.train_strategy auto: %s (world size %d on %s)",
@@ -72,4 +110,11 @@ def get_train_strategy(
 
 __getattr__ = lazy_getattr(__name__, {"TrainingStrategy": "prismatic.training.strategies.base"})
 
-__all__ = ["AUTO", "TRAIN_STRATEGIES", "TrainingStrategy", "choose_train_strategy", "get_train_strategy"]
+__all__ = [
+    "AUTO",
+    "TRAIN_STRATEGIES",
+    "TrainingStrategy",
+    "check_cuda_graphs",
+    "choose_train_strategy",
+    "get_train_strategy",
+]

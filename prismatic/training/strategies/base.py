@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from prismatic.conf.vla import VLAConfig
+from prismatic.conf.vla import COMPILE_MODES, VLAConfig
 from prismatic.models.parallelize import (
     apply_llm_activation_checkpointing,
     bf16_supported,
@@ -56,6 +56,8 @@ class TrainingStrategy(ABC):
         self.sync_every_micro_batch = False
         self.causal_mask_only = vla.speed_option("causal_mask_only", dist_info.device)
         self.compiled = False  # whether `setup` compiled the blocks (`--vla.compile`)
+        # Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode reduce-overhead`).
+        self.cuda_graphs = False
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -81,13 +83,16 @@ class TrainingStrategy(ABC):
         device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
             apply_llm_activation_checkpointing(self.vlm, self.vla.checkpointing_policy)
-        self.compiled = self.vla.compiles(self.dist.device) and self._compiler_works()
+        compile_kwargs = COMPILE_MODES[self.vla.compile_mode]
+        self.compiled = self.vla.compiles(self.dist.device) and self._compiler_works(compile_kwargs)
         if self.compiled:
             logger.info(
-                "torch.compile: %d blocks, compiled on their first forward (the first steps take longer; "
+                "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
                 "--vla.compile off trains without)",
-                compile_blocks(self.vlm),
+                self.vla.compile_mode,
+                compile_blocks(self.vlm, compile_kwargs),
             )
+            self.cuda_graphs = self.vla.compile_mode == "reduce-overhead"
         self.model = self.wrap_model()
         self.model.train()  # every module, once (transformers' `from_pretrained` leaves its model in eval mode)
         self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
@@ -97,7 +102,7 @@ class TrainingStrategy(ABC):
             logger.info(
                 "Gradient accumulation over %d micro-batches: gradients reduced %s.",
                 self.grad_accumulation_steps,
-                "after every micro-batch (sharded gradients only)"
+                "after every micro-batch"
                 if self.sync_every_micro_batch
                 else "once per step (unsharded gradients kept between micro-batches)",
             )
@@ -126,18 +131,21 @@ class TrainingStrategy(ABC):
             optimizer_impl,
             "on" if vla.speed_option("logits_at_labels", device) else "off",
             "on" if self.causal_mask_only else "off",
-            "on" if self.compiled else "off",
+            (f"on ({vla.compile_mode})" if vla.compile_mode != "default" else "on")
+            if self.compiled
+            else "off",
             checkpointing,
             vla.prefetch_batches,
             "on" if vla.speed_option("overlap_steps", device) else "off",
         )
 
-    def _compiler_works(self) -> bool:
-        """Whether `torch.compile` runs on every rank; where it does not, `--vla.compile on` is an error and `auto`
-        trains without it after one warning (a cluster node without a C compiler still trains, only slower). The
-        ranks agree (collective), so that all of them compile or none: the same graphs, the same numbers."""
+    def _compiler_works(self, compile_kwargs: dict[str, Any]) -> bool:
+        """Whether `torch.compile` with `compile_kwargs` runs on every rank; where it does not, `--vla.compile on` is
+        an error and `auto` trains without it after one warning (a cluster node without a C compiler still trains,
+        only slower). The ranks agree (collective), so that all of them compile or none: the same graphs, the same
+        numbers."""
         device = self.dist.device
-        found = first_over_ranks(compiler_problem(device))
+        found = first_over_ranks(compiler_problem(device, compile_kwargs))
         if found is None:
             return True
         rank, problem = found
@@ -157,6 +165,13 @@ class TrainingStrategy(ABC):
         return False
 
     # --- hooks the loop calls -------------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Before an optimizer step's first forward. Under CUDA graphs it starts a new step for the blocks' graphs:
+        the last step's outputs in their memory (gone by now: DDP copied the gradients into its buckets) may be
+        overwritten by this step's replays."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
     def accumulate(self, is_last_micro_batch: bool) -> contextlib.AbstractContextManager:
         """Gradient sync on the step's last micro-batch; local accumulation on the others, or, when gradients are
         reduced after every micro-batch, that reduction without its cross-node part (`defer_cross_node_reduce`)."""

@@ -96,6 +96,13 @@ class DDPStrategy(TrainingStrategy):
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self.model.no_sync()
 
+    def choose_grad_sync(self) -> bool:
+        """`--grad_sync micro-batch`, or `auto` under CUDA graphs (`--vla.compile_mode reduce-overhead`): reducing
+        after every micro-batch has DDP copy each micro-batch's gradients out of the graphs' memory into its
+        buckets, where the next micro-batch's replay cannot overwrite them (the same sums, one all-reduce per
+        micro-batch); otherwise once per step (`no_sync`)."""
+        return self.grad_sync == "micro-batch" or (self.grad_sync == "auto" and self.cuda_graphs)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         if not self.mixed_precision:
             return contextlib.nullcontext()

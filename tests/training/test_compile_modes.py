@@ -1,0 +1,133 @@
+"""`--vla.compile_mode`: how compiled blocks launch their kernels (inductor's Python wrapper, its C++ wrapper, or CUDA
+graphs). On CPU: each mode reaches `torch.compile` and trains the tiny LoRA model (DDP, FP32, the LIBERO presets'
+set-up) as the default mode does; CUDA graphs are refused where a replay would be wrong. The GPU side (graphs
+replayed, losses against the CPU reference) is tests/gpu/test_gpu_training.py's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+from prismatic.conf.vla import VLAConfig, get_vla_config
+from prismatic.models.builders import attach_action_head
+from prismatic.models.builders import build_vlm as build_training_vlm
+from prismatic.training.metrics import StepMetrics
+from prismatic.training.strategies import check_cuda_graphs, get_train_strategy
+from prismatic.training.trainer import train_step
+from prismatic.util.dist import DistInfo
+from prismatic.util.errors import ConfigError
+from prismatic.vla.datasets.synthetic import synthetic_batch
+
+VLA = "tiny+mx-toy"
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+STEPS = 3
+
+
+def test_bad_compile_mode_is_refused_with_the_choices() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"Unknown compile_mode 'cudagraphs' \(--vla.compile_mode\)\..* Valid choices: default, cpp-wrapper, "
+        r"reduce-overhead\.",
+    ):
+        VLAConfig(compile_mode="cudagraphs")
+
+
+def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None:
+    """A replay overwrites the previous one's outputs: FSDP2 (parameters re-gathered every step) and `--grad_sync
+    step` under accumulation (gradients left in the graphs' memory between micro-batches) are refused, naming
+    them; DDP passes, with or without accumulation, and so does a run that compiles nothing."""
+    vla = get_vla_config(VLA)
+    vla.use_lora, vla.compile, vla.compile_mode = True, "auto", "reduce-overhead"
+    vla.per_device_batch_size, vla.global_batch_size = 4, 8
+    with pytest.raises(ConfigError) as error:
+        check_cuda_graphs(vla, "fsdp-full-shard", 1, CUDA, "step")
+    assert str(error.value) == (
+        "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
+        "(--vla.train_strategy ddp, or auto on one GPU) with gradients reduced after every micro-batch "
+        "(--grad_sync auto or micro-batch), but the strategy is fsdp-full-shard, which frees and re-gathers the "
+        "parameters every step and --grad_sync step keeps the gradients of 2 micro-batches in the graphs' memory "
+        "until the step ends. Use --vla.compile_mode cpp-wrapper or default, or DDP with --grad_sync auto."
+    )
+    with pytest.raises(ConfigError, match=r"but --grad_sync step keeps the gradients of 2 micro-batches"):
+        check_cuda_graphs(vla, "ddp", 1, CUDA, "step")
+    with pytest.raises(ConfigError, match=r"but the strategy is fsdp-shard-grad-op, which frees"):
+        check_cuda_graphs(vla, "fsdp-shard-grad-op", 1, CUDA, "auto")
+    for grad_sync in ("auto", "micro-batch"):
+        check_cuda_graphs(vla, "ddp", 1, CUDA, grad_sync)
+    check_cuda_graphs(vla, "ddp", 2, CUDA, "step")  # 4 x 2 processes = 8: one micro-batch
+    check_cuda_graphs(vla, "fsdp-full-shard", 1, CPU, "step")  # `auto` compiles nothing on CPU
+    vla.compile_mode = "cpp-wrapper"
+    check_cuda_graphs(vla, "fsdp-full-shard", 1, CUDA, "step")
+
+
+def _train(one_rank: DistInfo, mode: str | None) -> tuple[list[float], Any]:
+    """STEPS of a LoRA run under DDP in FP32 through training's `train_step`, blocks compiled in `mode` (None:
+    eager), two micro-batches per step; the losses and the strategy."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    vla = get_vla_config(VLA)
+    vla.causal_mask_only, vla.use_lora, vla.train_strategy = "on", True, "ddp"
+    vla.compile, vla.compile_mode = ("off", "default") if mode is None else ("on", mode)
+    vla.enable_mixed_precision_training = False
+    vla.per_device_batch_size, vla.global_batch_size = 2, 4
+    vlm = build_training_vlm(vla, None)
+    head = attach_action_head(vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
+    strategy = get_train_strategy(vlm, vla, one_rank)
+    strategy.setup(STEPS)
+    batches = iter([synthetic_batch(vlm, head, 2, seed=seed) for seed in range(2 * STEPS)])
+    metrics = StepMetrics(["synthetic"], head, one_rank.device)
+    losses = [metrics.reduce(train_step(strategy, head, batches, metrics))["loss"] for _ in range(STEPS)]
+    return losses, strategy
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, name: str, owner: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """Record every call of `owner.name` (its first argument and keyword arguments), still calling it."""
+    calls: list[tuple[Any, dict[str, Any]]] = []
+    real: Callable[..., Any] = getattr(owner, name)
+
+    @functools.wraps(real)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args[0] if args else None, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def test_compile_modes_train_like_the_default(one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cpp-wrapper` launches the same kernels from C++: the default mode's losses exactly. `reduce-overhead`
+    reaches inductor (which, on CPU, skips the graphs and counts the skip), compiles each LLM layer with its
+    checkpoint wrapper (the recomputation inside the compiled backward), starts each step for the graphs and has
+    DDP reduce every micro-batch's gradients (out of the graphs' memory): the default mode's losses, which reduce
+    once per step, within FP32 tolerance (the wrapper compiled whole fuses differently)."""
+    eager, _ = _train(one_rank, None)
+    default, strategy = _train(one_rank, "default")
+    assert strategy.compiled and not strategy.cuda_graphs and not strategy.sync_every_micro_batch
+    assert eager[0] != eager[-1]  # the steps train
+    torch.testing.assert_close(default, eager, rtol=1e-4, atol=1e-5)
+
+    compiled = _spy(monkeypatch, "compile", torch)
+    cpp, strategy = _train(one_rank, "cpp-wrapper")
+    blocks = [kwargs for fn, kwargs in compiled if getattr(fn, "__name__", "") == "forward"]
+    assert blocks and all(kwargs == {"options": {"cpp_wrapper": True}} for kwargs in blocks)
+    assert cpp == default
+
+    compiled.clear()
+    steps_begun = _spy(monkeypatch, "cudagraph_mark_step_begin", torch.compiler)
+    torch._dynamo.utils.counters.clear()
+    graphs, strategy = _train(one_rank, "reduce-overhead")
+    assert strategy.cuda_graphs and strategy.sync_every_micro_batch
+    assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] >= 1
+    assert len(steps_begun) == STEPS
+    layers = strategy.vlm.llm_backbone.get_layers()
+    wrapped_whole = [
+        fn.__self__ for fn, _ in compiled if isinstance(getattr(fn, "__self__", None), CheckpointWrapper)
+    ]
+    assert wrapped_whole == list(layers)
+    torch.testing.assert_close(graphs, default, rtol=1e-5, atol=1e-6)
