@@ -18,7 +18,7 @@ from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models.builders import attach_action_head
 from prismatic.models.builders import build_vlm as build_training_vlm
 from prismatic.training.metrics import StepMetrics
-from prismatic.training.strategies import check_cuda_graphs, get_train_strategy
+from prismatic.training.strategies import base, check_cuda_graphs, get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
@@ -131,3 +131,28 @@ def test_compile_modes_train_like_the_default(one_rank: DistInfo, monkeypatch: p
     ]
     assert wrapped_whole == list(layers)
     torch.testing.assert_close(graphs, default, rtol=1e-5, atol=1e-6)
+
+
+def test_a_mode_the_compiler_cannot_run_is_named_in_the_error(
+    one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set-up probes the compiler in the chosen mode (a C++ wrapper may not build where Python wrappers do): with
+    `--vla.compile on` its failure stops the run, naming the mode and the others."""
+    probed: list[Any] = []
+
+    def problem(device: torch.device, compile_kwargs: Any = None) -> str:
+        probed.append(compile_kwargs)
+        return "CppCompileError: C++ compile error"
+
+    monkeypatch.setattr(base, "compiler_problem", problem)
+    vla = get_vla_config(VLA)
+    vla.compile, vla.compile_mode, vla.enable_mixed_precision_training = "on", "cpp-wrapper", False
+    vlm = build_training_vlm(vla, None)
+    with pytest.raises(ConfigError) as error:
+        get_train_strategy(vlm, vla, one_rank).setup(1)
+    assert probed == [{"options": {"cpp_wrapper": True}}]
+    assert str(error.value).startswith(
+        "--vla.compile on, but torch.compile (--vla.compile_mode cpp-wrapper) cannot run on cpu here "
+        "(CppCompileError: C++ compile error)."
+    )
+    assert str(error.value).endswith(", or another --vla.compile_mode (default, cpp-wrapper).")

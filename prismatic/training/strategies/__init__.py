@@ -2,9 +2,9 @@
 
 The names are read without torch (the config checks the flag while it parses); a class loads when it is built. A
 new strategy is its class plus one `TRAIN_STRATEGIES.register(name, "module:Class")` line; `cpu_offload=True`
-marks one that can keep parameters on the host (`--vla.cpu_offload`), `static_parameters=True` one whose parameters keep
-their storage between steps (`--vla.compile_mode reduce-overhead`). `auto` (the default) is no class: each run
-makes it one of them (`choose_train_strategy`).
+marks one that can keep parameters on the host (`--vla.cpu_offload`), `static_parameters=True` one whose
+parameters keep their storage between steps (`--vla.compile_mode reduce-overhead`). `auto` (the default) is no
+class: each run makes it one of them (`choose_train_strategy`).
 """
 
 from __future__ import annotations

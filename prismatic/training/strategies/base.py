@@ -150,15 +150,19 @@ class TrainingStrategy(ABC):
             return True
         rank, problem = found
         where = f"{device} here" if rank == self.dist.rank else f"rank {rank}'s {device.type} device"
+        mode = self.vla.compile_mode
+        compiler = "torch.compile" if mode == "default" else f"torch.compile (--vla.compile_mode {mode})"
         if self.vla.compile == "on":
             raise ConfigError(
-                f"--vla.compile on, but torch.compile cannot run on {where} ({problem}). Inductor needs a C "
+                f"--vla.compile on, but {compiler} cannot run on {where} ({problem}). Inductor needs a C "
                 "compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.compile off "
-                "to train without compiling (or auto to fall back by itself)."
+                "to train without compiling (or auto to fall back by itself)"
+                + ("." if mode == "default" else ", or another --vla.compile_mode (default, cpp-wrapper).")
             )
         logger.warning(
-            "torch.compile cannot run on %s (%s): every rank trains without compiling the blocks, which is "
+            "%s cannot run on %s (%s): every rank trains without compiling the blocks, which is "
             "slower. --vla.compile off skips this check; --vla.compile on makes it an error.",
+            compiler,
             where,
             problem,
         )
