@@ -15,18 +15,13 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
-from prismatic.models.builders import attach_action_head
 from prismatic.models.builders import build_vlm as build_training_vlm
-from prismatic.training.metrics import StepMetrics
 from prismatic.training.strategies import base, check_cuda_graphs, get_train_strategy
-from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
-from prismatic.vla.datasets.synthetic import synthetic_batch
 
 VLA = "tiny+mx-toy"
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
-STEPS = 3
 
 
 def test_bad_compile_mode_is_refused_with_the_choices() -> None:
@@ -66,26 +61,6 @@ def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None
     check_cuda_graphs(vla, "fsdp-full-shard", 1, CUDA, "step")
 
 
-def _train(one_rank: DistInfo, mode: str | None) -> tuple[list[float], Any]:
-    """STEPS of a LoRA run under DDP in FP32 through training's `train_step`, blocks compiled in `mode` (None:
-    eager), two micro-batches per step; the losses and the strategy."""
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    vla = get_vla_config(VLA)
-    vla.causal_mask_only, vla.use_lora, vla.train_strategy = "on", True, "ddp"
-    vla.compile, vla.compile_mode = ("off", "default") if mode is None else ("on", mode)
-    vla.enable_mixed_precision_training = False
-    vla.per_device_batch_size, vla.global_batch_size = 2, 4
-    vlm = build_training_vlm(vla, None)
-    head = attach_action_head(vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
-    strategy = get_train_strategy(vlm, vla, one_rank)
-    strategy.setup(STEPS)
-    batches = iter([synthetic_batch(vlm, head, 2, seed=seed) for seed in range(2 * STEPS)])
-    metrics = StepMetrics(["synthetic"], head, one_rank.device)
-    losses = [metrics.reduce(train_step(strategy, head, batches, metrics))["loss"] for _ in range(STEPS)]
-    return losses, strategy
-
-
 def _spy(monkeypatch: pytest.MonkeyPatch, name: str, owner: Any) -> list[tuple[Any, dict[str, Any]]]:
     """Record every call of `owner.name` (its first argument and keyword arguments), still calling it."""
     calls: list[tuple[Any, dict[str, Any]]] = []
@@ -100,20 +75,20 @@ def _spy(monkeypatch: pytest.MonkeyPatch, name: str, owner: Any) -> list[tuple[A
     return calls
 
 
-def test_compile_modes_train_like_the_default(one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """`cpp-wrapper` launches the same kernels from C++: the default mode's losses exactly. `reduce-overhead`
     reaches inductor (which, on CPU, skips the graphs and counts the skip), compiles each LLM layer with its
     checkpoint wrapper (the recomputation inside the compiled backward), starts each step for the graphs and has
     DDP reduce every micro-batch's gradients (out of the graphs' memory): the default mode's losses, which reduce
     once per step, within FP32 tolerance (the wrapper compiled whole fuses differently)."""
-    eager, _ = _train(one_rank, None)
-    default, strategy = _train(one_rank, "default")
+    eager, _ = lora_ddp_steps("off")
+    default, strategy = lora_ddp_steps("on", "default")
     assert strategy.compiled and not strategy.cuda_graphs and not strategy.sync_every_micro_batch
     assert eager[0] != eager[-1]  # the steps train
     torch.testing.assert_close(default, eager, rtol=1e-4, atol=1e-5)
 
     compiled = _spy(monkeypatch, "compile", torch)
-    cpp, strategy = _train(one_rank, "cpp-wrapper")
+    cpp, strategy = lora_ddp_steps("on", "cpp-wrapper")
     blocks = [kwargs for fn, kwargs in compiled if getattr(fn, "__name__", "") == "forward"]
     assert blocks and all(kwargs == {"options": {"cpp_wrapper": True}} for kwargs in blocks)
     assert cpp == default
@@ -121,10 +96,10 @@ def test_compile_modes_train_like_the_default(one_rank: DistInfo, monkeypatch: p
     compiled.clear()
     steps_begun = _spy(monkeypatch, "cudagraph_mark_step_begin", torch.compiler)
     torch._dynamo.utils.counters.clear()
-    graphs, strategy = _train(one_rank, "reduce-overhead")
+    graphs, strategy = lora_ddp_steps("on", "reduce-overhead")
     assert strategy.cuda_graphs and strategy.sync_every_micro_batch
     assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] >= 1
-    assert len(steps_begun) == STEPS
+    assert len(steps_begun) == len(graphs) == 3
     layers = strategy.vlm.llm_backbone.get_layers()
     wrapped_whole = [
         fn.__self__ for fn, _ in compiled if isinstance(getattr(fn, "__self__", None), CheckpointWrapper)

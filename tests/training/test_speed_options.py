@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,14 +25,11 @@ from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.builders import attach_action_head
-from prismatic.models.builders import build_vlm as build_training_vlm
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import compiler_problem
-from prismatic.training.metrics import StepMetrics
 from prismatic.training.optim import adamw_implementation, build_optimizer
 from prismatic.training.strategies import base, get_train_strategy
 from prismatic.training.strategies.base import is_right_padded
-from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
 from prismatic.vla.action_tokenizer import ActionTokenizer
@@ -204,35 +202,19 @@ def test_compiled_blocks_train_like_eager(
     assert set(strategy.model.state_dict()) == keys
 
 
-def _lora_ddp_train_steps(one_rank: DistInfo, compile_blocks: bool, steps: int = 3) -> list[float]:
-    """CUDA's defaults for a LoRA run (mask dropped, blocks compiled or not) through training's `train_step`."""
-    torch.manual_seed(0)
-    vla = get_vla_config(VLA)
-    vla.causal_mask_only, vla.compile = "on", "on" if compile_blocks else "off"
-    vla.use_lora, vla.train_strategy, vla.enable_mixed_precision_training = True, "ddp", False
-    vla.per_device_batch_size, vla.global_batch_size = 2, 4
-    vlm = build_training_vlm(vla, None)
-    head = attach_action_head(vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
-    strategy = get_train_strategy(vlm, vla, one_rank)
-    strategy.setup(steps)
-    batches = iter([synthetic_batch(vlm, head, 2, seed=seed) for seed in range(2 * steps)])
-    metrics = StepMetrics(["synthetic"], head, one_rank.device)
-    return [metrics.reduce(train_step(strategy, head, batches, metrics))["loss"] for _ in range(steps)]
-
-
 def test_compiled_blocks_see_one_attention_setting_forward_and_recompute(
-    one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    lora_ddp_steps: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Without a mask the LLM runs under `causal_attention` (no host sync), which compiled decoder layers guard on:
     the context spans forward and backward, so activation checkpointing's recomputation hits the forward's graph
     instead of compiling another. Losses as eager (AOTAutograd's graphs, as in the test above)."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
-    eager = _lora_ddp_train_steps(one_rank, compile_blocks=False)
+    eager, _ = lora_ddp_steps("off")
     torch._logging.set_logs(recompiles=True)
     try:
         with caplog.at_level(logging.DEBUG, logger="torch._dynamo"):
-            compiled = _lora_ddp_train_steps(one_rank, compile_blocks=True)
+            compiled, _ = lora_ddp_steps("on")
     finally:
         torch._logging.set_logs()
         torch._dynamo.reset()
