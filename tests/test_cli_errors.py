@@ -278,6 +278,20 @@ CASES = [
         (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--vla.cpu_offload", "true"),
         ("--vla.cpu_offload true needs CUDA GPUs", "Run without it"),
     ),
+    Case(  # also before the model and data load; on CPU `auto` is FSDP2 (on one GPU it would be DDP)
+        "cuda-graphs-under-fsdp",
+        "train",
+        (
+            *ONE_PROCESS,
+            "--data_root_dir",
+            "{tmp}/empty",
+            "--vla.compile",
+            "on",
+            "--vla.compile_mode",
+            "reduce-overhead",
+        ),
+        ("--vla.compile_mode reduce-overhead", "needs DDP", "the strategy is fsdp-full-shard"),
+    ),
     # --- export_hf.py / merge_lora.py ---------------------------------------------------------------------------
     Case(
         "export-missing-required",

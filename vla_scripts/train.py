@@ -39,6 +39,17 @@ def main(argv: list[str] | None = None) -> int:
         from prismatic.training.strategies.fsdp import check_cpu_offload
 
         check_cpu_offload(True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    if (
+        cfg.vla.compile_mode == "reduce-overhead"
+    ):  # CUDA graphs need DDP: refused now where the strategy is known
+        import torch  # lazy: only this mode needs torch before training starts
+
+        from prismatic.training.strategies import check_cuda_graphs, choose_train_strategy
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # Assuming a full fine-tune fits under DDP: that choice needs the model, and set-up checks again.
+        strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
+        check_cuda_graphs(cfg.vla, strategy, world, device, cfg.grad_sync)
     RunFolder.of(cfg, num_nodes(world)).check(cfg)
     # lazy: --help and the refusals above skip the dataset tables (0.1 s)
     from prismatic.vla.datasets.rlds import resolve_mixture_dirs
