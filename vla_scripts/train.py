@@ -33,23 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TrainConfig, argv, doc=__doc__)
     world = world_size()
     cfg.validate(world)
-    if cfg.vla.cpu_offload:  # needs CUDA: refused now, not after the model and data have loaded
-        import torch  # lazy: only this flag needs torch before training starts
-
-        from prismatic.training.strategies.fsdp import check_cpu_offload
-
-        check_cpu_offload(True, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    if (
-        cfg.vla.compile_mode == "reduce-overhead"
-    ):  # CUDA graphs need DDP: refused now where the strategy is known
-        import torch  # lazy: only this mode needs torch before training starts
-
-        from prismatic.training.strategies import check_cuda_graphs, choose_train_strategy
-
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        # Assuming a full fine-tune fits under DDP: that choice needs the model, and set-up checks again.
-        strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
-        check_cuda_graphs(cfg.vla, strategy, world, device, cfg.grad_sync)
+    if cfg.vla.cpu_offload or cfg.vla.compile_mode == "reduce-overhead":
+        _check_device_flags(cfg, world)  # refused now, not after the model and data have loaded
     RunFolder.of(cfg, num_nodes(world)).check(cfg)
     # lazy: --help and the refusals above skip the dataset tables (0.1 s)
     from prismatic.vla.datasets.rlds import resolve_mixture_dirs
@@ -60,6 +45,21 @@ def main(argv: list[str] | None = None) -> int:
 
     result = train(cfg)
     return result if isinstance(result, int) else 0
+
+
+def _check_device_flags(cfg: TrainConfig, world: int) -> None:
+    """The flags that need CUDA or a strategy that is known without the model: CPU offload (CUDA GPUs) and CUDA
+    graphs (DDP). Set-up checks them again once the model is built."""
+    import torch  # lazy: only these flags need torch before training starts
+
+    from prismatic.training.strategies import check_cuda_graphs, choose_train_strategy
+    from prismatic.training.strategies.fsdp import check_cpu_offload
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_cpu_offload(cfg.vla.cpu_offload, device)
+    # Assuming a full fine-tune fits under DDP: that choice needs the model's size.
+    strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
+    check_cuda_graphs(cfg.vla, strategy, world, device, cfg.grad_sync)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,11 @@ class TrainingStrategy(ABC):
         self.sync_every_micro_batch = False
         self.causal_mask_only = vla.speed_option("causal_mask_only", dist_info.device)
         self.compiled = False  # whether `setup` compiled the blocks (`--vla.compile`)
-        # Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode reduce-overhead`).
-        self.cuda_graphs = False
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode reduce-overhead`)."""
+        return self.compiled and self.vla.compile_mode == "reduce-overhead"
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -92,7 +95,6 @@ class TrainingStrategy(ABC):
                 self.vla.compile_mode,
                 compile_blocks(self.vlm, compile_kwargs),
             )
-            self.cuda_graphs = self.vla.compile_mode == "reduce-overhead"
         self.model = self.wrap_model()
         self.model.train()  # every module, once (transformers' `from_pretrained` leaves its model in eval mode)
         self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
