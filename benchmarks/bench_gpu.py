@@ -22,9 +22,10 @@ cases run the GPU cases' architectures at width 64 with every layer and block, s
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
 eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU the LoRA cases
 compile their blocks and train under DDP, and steps overlap); `+compile`, `+no-compile`, `+sac-ops`, `+every-2`,
-`+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`, `+grad-op`, `+cpp-wrapper` and `+cudagraphs`
-(`--vla.compile_mode`: compiled blocks launched from C++, or replayed from CUDA graphs) change one means each
-(`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames come from the project's
+`+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`, `+grad-op`, `+per-param-copy` (DDP's
+gradient copies one by one), `+cpp-wrapper` and `+cudagraphs` (`--vla.compile_mode`: compiled blocks launched
+from C++, or replayed from CUDA graphs) change one means each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames
+come from the project's
 own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
 on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
 thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
@@ -136,6 +137,7 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "ddp": {"train_strategy": "ddp"},
     "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU)
     "grad-op": {"train_strategy": "fsdp-shard-grad-op"},  # gathered once a step, kept until the backward
+    "per-param-copy": {"batched_grad_copy": "off"},  # DDP copies each gradient into its bucket as it arrives
     # How compiled blocks launch their kernels (`--vla.compile_mode`): from C++, or replayed from CUDA graphs.
     "cpp-wrapper": {"compile": "on", "compile_mode": "cpp-wrapper"},
     "cudagraphs": {"compile": "on", "compile_mode": "reduce-overhead"},
@@ -245,6 +247,7 @@ def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None 
         causal_mask_only="off" if before else "auto",
         compile="off" if before else "auto",
         overlap_steps="off" if before else "auto",
+        batched_grad_copy="off" if before else "auto",
         train_strategy="fsdp-full-shard" if before else "auto",
     )
     for name, value in {**variant_overrides, **(overrides or {})}.items():

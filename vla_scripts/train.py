@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TrainConfig, argv, doc=__doc__)
     world = world_size()
     cfg.validate(world)
-    if cfg.vla.cpu_offload or cfg.vla.compile_mode == "reduce-overhead":
+    if cfg.vla.cpu_offload or cfg.vla.compile_mode == "reduce-overhead" or cfg.vla.batched_grad_copy == "on":
         _check_device_flags(cfg, world)  # refused now, not after the model and data have loaded
     RunFolder.of(cfg, num_nodes(world)).check(cfg)
     # lazy: --help and the refusals above skip the dataset tables (0.1 s)
@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_device_flags(cfg: TrainConfig, world: int) -> None:
-    """The flags that need CUDA or a strategy that is known without the model: CPU offload (CUDA GPUs) and CUDA
-    graphs (DDP). Set-up checks them again once the model is built."""
+    """The flags that need CUDA, a strategy that is known without the model or a torch feature: CPU offload (CUDA
+    GPUs), CUDA graphs (DDP) and batched gradient copies (DDP's, torch >= 2.12). Set-up checks them again once the
+    model is built."""
     import torch  # lazy: only these flags need torch before training starts
 
     from prismatic.training.strategies import check_cuda_graphs, choose_train_strategy
+    from prismatic.training.strategies.ddp import batched_grad_copy
     from prismatic.training.strategies.fsdp import check_cpu_offload
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -60,6 +62,7 @@ def _check_device_flags(cfg: TrainConfig, world: int) -> None:
     # Assuming a full fine-tune fits under DDP: that choice needs the model's size.
     strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
     check_cuda_graphs(cfg.vla, strategy, world, device, cfg.grad_sync)
+    batched_grad_copy(cfg.vla.batched_grad_copy, device)
 
 
 if __name__ == "__main__":

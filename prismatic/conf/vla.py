@@ -121,6 +121,7 @@ class VLAConfig(ChoiceRegistry):
     compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: on CUDA if LoRA or no AC
     compile_mode: str = "default"  # kernel launches of compiled blocks: default, cpp-wrapper, reduce-overhead
     overlap_steps: str = field(default="auto", metadata=SWITCH)  # read metrics after queuing the next step
+    batched_grad_copy: str = field(default="auto", metadata=SWITCH)  # DDP: copies gradients per bucket
 
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
@@ -191,6 +192,7 @@ class VLAConfig(ChoiceRegistry):
             ("compile", self.compile, SPEED_SWITCHES),
             ("compile_mode", self.compile_mode, tuple(COMPILE_MODES)),
             ("overlap_steps", self.overlap_steps, SPEED_SWITCHES),
+            ("batched_grad_copy", self.batched_grad_copy, SPEED_SWITCHES),
         ):
             if value not in choices:
                 raise ConfigError(

@@ -32,15 +32,18 @@ def one_rank() -> Iterator[DistInfo]:
 @pytest.fixture
 def lora_ddp_steps(one_rank: DistInfo) -> Callable[..., tuple[list[float], Any]]:
     """Train the tiny preset's LoRA run as CUDA's defaults would (mask dropped, DDP), in FP32, through training's
-    `train_step`: `(compile, compile_mode, steps)` -> (each step's loss, the strategy); 2 micro-batches of 2 frames
-    per step, the same seeds every time."""
+    `train_step`: `(compile, compile_mode, steps, batched_grad_copy)` -> (each step's loss, the strategy); 2
+    micro-batches of 2 frames per step, the same seeds every time."""
 
-    def run(compile: str, compile_mode: str = "default", steps: int = 3) -> tuple[list[float], Any]:
+    def run(
+        compile: str, compile_mode: str = "default", steps: int = 3, batched_grad_copy: str = "auto"
+    ) -> tuple[list[float], Any]:
         torch.manual_seed(0)
         torch._dynamo.reset()
         vla = get_vla_config("tiny+mx-toy")
         vla.causal_mask_only, vla.use_lora, vla.train_strategy = "on", True, "ddp"
         vla.compile, vla.compile_mode, vla.enable_mixed_precision_training = compile, compile_mode, False
+        vla.batched_grad_copy = batched_grad_copy
         vla.per_device_batch_size, vla.global_batch_size = 2, 4
         vlm = build_vlm(vla, None)
         head = attach_action_head(vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, one_rank.device)

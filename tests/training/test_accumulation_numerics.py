@@ -1,8 +1,9 @@
 """Gradient accumulation and clipping, through the real strategies and `train_loop` on 2 ranks (gloo, CPU, FP32).
 
-For FSDP2 full-shard, FSDP2 shard-grad-op and DDP, each with and without LoRA: K micro-batches of B frames per rank
-must give the same optimiser steps as one batch of K * B frames, and both must equal a reference computed in this
-file without any of the code under test: a plain model from the same seed, the loss of each rank's K * B frames
+For FSDP2 full-shard, FSDP2 shard-grad-op and DDP (gradients copied into its buckets one by one, and a bucket at a
+time with `--vla.batched_grad_copy on`), each with and without LoRA: K micro-batches of B frames per rank must give
+the same optimiser steps as one batch of K * B frames, and both must equal a reference computed in this file
+without any of the code under test: a plain model from the same seed, the loss of each rank's K * B frames
 averaged over the ranks (what data parallelism means), the global gradient norm and clip factor computed by hand,
 and torch's own AdamW. Clipping acts on every step (`max_grad_norm` below every step's norm), and the unclipped
 reference is shown to end elsewhere, so a loop or strategy that skipped clipping, scaled the loss by the wrong
@@ -28,7 +29,11 @@ BASE = "tiny-vit+tiny-llama"
 SEED = 3
 STEPS, K, B = 3, 2, 2  # optimiser steps; micro-batches per step and frames per micro-batch, per rank
 LR, WEIGHT_DECAY, MAX_NORM, EPS = 3e-3, 0.01, 0.05, 1e-6  # EPS: the clip formula's, max / (norm + 1e-6)
-SCENARIOS = [(s, lora) for s in ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp") for lora in (False, True)]
+# (strategy, LoRA, DDP's batched gradient copies)
+SCENARIOS = [
+    (s, lora, False) for s in ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp") for lora in (False, True)
+]
+SCENARIOS += [("ddp", lora, True) for lora in (False, True)]
 INSTRUCTIONS = ["pick up the red block", "push the can", "open the top drawer of the cabinet", "wipe"]
 # Losses and norms: FP32 sums in another order (per micro-batch vs per batch, sharded vs whole), ~5e-7 relative
 # seen. Weights after 3 AdamW steps of lr 3e-3: AdamW divides by sqrt(v), so on entries whose gradient is near 0 the
@@ -37,8 +42,8 @@ INSTRUCTIONS = ["pick up the red block", "push the can", "open the top drawer of
 RTOL, ATOL = 1e-5, 1e-5
 
 
-def _name(strategy: str, lora: bool) -> str:
-    return f"{strategy}{'+lora' if lora else ''}"
+def _name(strategy: str, lora: bool, batched: bool) -> str:
+    return f"{strategy}{'+batched-copy' if batched else ''}{'+lora' if lora else ''}"
 
 
 # === The worker (runs under torchrun) =============================================================================
@@ -132,7 +137,9 @@ class _NoPreemption:
         return 0
 
 
-def _train(strategy_id: str, lora: bool, per_device: int, rank: int, world: int) -> dict[str, Any]:
+def _train(
+    strategy_id: str, lora: bool, batched: bool, per_device: int, rank: int, world: int
+) -> dict[str, Any]:
     """`STEPS` optimiser steps through the project's strategy and loop; per-step metrics and final weights."""
     from prismatic.conf.vla import get_vla_config
     from prismatic.models.action_heads import ActionSpec, build_action_head
@@ -147,6 +154,7 @@ def _train(strategy_id: str, lora: bool, per_device: int, rank: int, world: int)
     vla.global_batch_size = K * B * world
     vla.learning_rate, vla.weight_decay, vla.max_grad_norm = LR, WEIGHT_DECAY, MAX_NORM
     vla.lr_scheduler_type, vla.warmup_ratio = "constant", 0.0
+    vla.batched_grad_copy = "on" if batched else "auto"  # auto: off on CPU
     vla.check_values()
 
     vlm = _build(lora, on_meta=rank != 0)  # rank 0 loads, the others receive its weights (as train.py)
@@ -228,11 +236,19 @@ def _worker(out_dir: Path) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     results: dict[str, Any] = {}
-    for strategy_id, lora in SCENARIOS:
-        accumulated = _train(strategy_id, lora, B, rank, world)  # K micro-batches of B
-        whole = _train(strategy_id, lora, K * B, rank, world)  # one batch of K * B
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    for strategy_id, lora, batched in SCENARIOS:
+        accumulated = _train(strategy_id, lora, batched, B, rank, world)  # K micro-batches of B
+        whole = _train(strategy_id, lora, batched, K * B, rank, world)  # one batch of K * B
         if rank == 0:
-            results[_name(strategy_id, lora)] = _measure(lora, world, accumulated, whole)
+            name = _name(strategy_id, lora, batched)
+            results[name] = _measure(lora, world, accumulated, whole)
+            weights[name] = accumulated["weights"]
+            if batched:  # dividing by 2 after the copy or multiplying by 1/2 during it: the same bits
+                one_by_one = weights[_name(strategy_id, lora, False)]
+                results[name]["equals_one_by_one"] = sorted(one_by_one) == sorted(weights[name]) and all(
+                    torch.equal(value, one_by_one[n]) for n, value in weights[name].items()
+                )
         dist.barrier()  # rank 1 waits while rank 0 computes the references
     if rank == 0:
         (out_dir / "results.json").write_text(json.dumps(results))
@@ -267,7 +283,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.parametrize("scenario", [_name(s, lora) for s, lora in SCENARIOS])
+@pytest.mark.parametrize("scenario", [_name(*scenario) for scenario in SCENARIOS])
 def test_micro_batches_give_the_update_of_one_large_batch(results: dict[str, Any], scenario: str) -> None:
     """K micro-batches of B == one batch of K * B == the hand-computed reference: weights after 3 steps, and every
     step's loss and pre-clip gradient norm."""
@@ -285,9 +301,11 @@ def test_micro_batches_give_the_update_of_one_large_batch(results: dict[str, Any
         assert got["lora_params"] > 0 and got["lora_params"] == got["trained_params"]
     else:
         assert got["lora_params"] == 0
+    if "+batched-copy" in scenario:
+        assert got["equals_one_by_one"], "batched copies changed the weights DDP's per-parameter copies give"
 
 
-@pytest.mark.parametrize("scenario", [_name(s, lora) for s, lora in SCENARIOS])
+@pytest.mark.parametrize("scenario", [_name(*scenario) for scenario in SCENARIOS])
 def test_clipping_acts_and_the_reported_norm_is_before_clipping(
     results: dict[str, Any], scenario: str
 ) -> None:

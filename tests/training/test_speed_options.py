@@ -8,11 +8,13 @@ as they were, so it is checked to resolve to off there and on on CUDA.
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
@@ -28,7 +31,7 @@ from prismatic.models.builders import attach_action_head
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import compiler_problem
 from prismatic.training.optim import adamw_implementation, build_optimizer
-from prismatic.training.strategies import base, get_train_strategy
+from prismatic.training.strategies import base, ddp, get_train_strategy
 from prismatic.training.strategies.base import is_right_padded
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
@@ -70,6 +73,7 @@ def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
         ("causal_mask_only", "true"),
         ("compile", "max"),
         ("overlap_steps", "sometimes"),
+        ("batched_grad_copy", "yes"),
     ],
 )
 def test_bad_speed_flag_is_refused_with_the_choices(field: str, value: str) -> None:
@@ -222,6 +226,53 @@ def test_compiled_blocks_see_one_attention_setting_forward_and_recompute(
     assert recompiles  # the log is seen (timm's first block, once its input requires grad)
     assert not [m for m in recompiles if "_attn_implementation" in m], recompiles
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+class _OpCounts(TorchDispatchMode):
+    """How many times each ATen op ran (by name, e.g. `mul.out`), DDP's reducer included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.counts[func.name().removeprefix("aten::")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_batched_grad_copies_train_like_per_parameter_copies(lora_ddp_steps: Any) -> None:
+    """`--vla.batched_grad_copy on` (CUDA's `auto`): DDP copies a bucket's gradients with one `_foreach_copy_`
+    instead of one `mul.out` per parameter, and training gives the same losses and weights (`==`) as the copies one
+    by one (3 steps of 2 micro-batches under DDP, one all-reduce per step)."""
+    steps = 3
+    with _OpCounts() as per_parameter:
+        losses, one_by_one = lora_ddp_steps("off", steps=steps, batched_grad_copy="off")
+    with _OpCounts() as per_bucket:
+        batched_losses, batched = lora_ddp_steps("off", steps=steps, batched_grad_copy="on")
+    assert losses[0] != losses[-1]  # the steps train
+    assert batched_losses == losses
+    trained = len(one_by_one.trainable_params)
+    assert trained > 20
+    for param, expected in zip(batched.trainable_params, one_by_one.trainable_params, strict=True):
+        assert torch.equal(param, expected)
+    # Once a step (the micro-batch that syncs), every trainable parameter's gradient goes into its bucket.
+    assert per_parameter.counts["mul.out"] == steps * trained
+    assert per_parameter.counts["_foreach_copy_"] == 0
+    assert per_bucket.counts["mul.out"] == 0
+    assert steps <= per_bucket.counts["_foreach_copy_"] < steps * trained / 10
+
+
+def test_batched_grad_copy_auto_is_on_on_cuda_where_torch_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` copies a bucket at a time on CUDA, one by one on CPU (as before); with a torch whose DDP lacks it,
+    `auto` copies one by one and `on` is refused with the torch version and the settings that work."""
+    assert [ddp.batched_grad_copy(s, CPU) for s in ("auto", "on", "off")] == [False, True, False]
+    assert [ddp.batched_grad_copy(s, CUDA) for s in ("auto", "on", "off")] == [True, True, False]
+    monkeypatch.setattr(ddp, "HAS_BATCHED_GRAD_COPY", False)
+    assert [ddp.batched_grad_copy(s, CUDA) for s in ("auto", "off")] == [False, False]
+    with pytest.raises(
+        ConfigError, match=rf"torch {re.escape(torch.__version__)} does not have.*auto.*or off"
+    ):
+        ddp.batched_grad_copy("on", CUDA)
 
 
 def test_compile_auto_compiles_where_it_was_measured_faster() -> None:

@@ -127,7 +127,7 @@ class TrainingStrategy(ABC):
         checkpointing = vla.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
         logger.info(
             "Speed flags on %s: AdamW %s, LM head only at labels (tokens head) %s, padding mask dropped %s, "
-            "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s "
+            "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s%s "
             "(docs/performance.md).",
             device.type,
             optimizer_impl,
@@ -139,7 +139,12 @@ class TrainingStrategy(ABC):
             checkpointing,
             vla.prefetch_batches,
             "on" if vla.speed_option("overlap_steps", device) else "off",
+            self.speed_flags(),
         )
+
+    def speed_flags(self) -> str:
+        """What this strategy's own speed flags resolved to, for the set-up's speed-flags line (", name value")."""
+        return ""
 
     def _compiler_works(self, compile_kwargs: dict[str, Any]) -> bool:
         """Whether `torch.compile` with `compile_kwargs` runs on every rank; where it does not, `--vla.compile on` is
