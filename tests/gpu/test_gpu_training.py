@@ -110,11 +110,16 @@ def test_cpu_offload_step(cuda_device: torch.device, process_group: DistInfo) ->
         assert local(state["exp_avg"]).device.type == "cpu" and int(state["step"]) == 1
 
 
-def test_ddp_autocast_step_matches_cpu(process_group: DistInfo) -> None:
-    vla = tiny_vla(train_strategy="ddp")
+@pytest.mark.parametrize("copies", ["auto", "off"])
+def test_ddp_autocast_step_matches_cpu(process_group: DistInfo, copies: str) -> None:
+    """DDP + bf16 autocast against the CPU reference, with DDP's gradient copies as `auto` makes them on CUDA (a
+    bucket at a time, where this torch has `batched_grad_copy`) and one by one."""
+    vla = tiny_vla(train_strategy="ddp", batched_grad_copy=copies)
     built = build(vla, process_group, grad_sync="step")
     strategy = built.strategy
     assert type(strategy.model) is DistributedDataParallel and strategy.mixed_precision
+    on_cuda = process_group.device.type == "cuda"
+    assert strategy.batched_grad_copy == (copies == "auto" and on_cuda and ddp_strategy.HAS_BATCHED_GRAD_COPY)
     # Trainable weights FP32 (AdamW's master weights), frozen ones bf16 (autocast computes with them as stored).
     assert all(
         p.device == process_group.device and p.dtype == (torch.float32 if p.requires_grad else torch.bfloat16)
