@@ -25,10 +25,10 @@ compile their blocks and train under DDP, and steps overlap); `+compile`, `+no-c
 `+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`, `+grad-op`, `+per-param-copy` (DDP's
 gradient copies one by one), `+cpp-wrapper` and `+cudagraphs` (`--vla.compile_mode`: compiled blocks launched
 from C++, or replayed from CUDA graphs) change one means each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames
-come from the project's
-own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`): no TensorFlow, no data
-on disk. Four batches are made once and cycled, except under `+live-data` (made on every step, on the loop's
-thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up is training's:
+come from the project's own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`):
+no TensorFlow, no data on disk. Four batches are made once and cycled, except under `+live-data` (made on every
+step, on the loop's thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up
+is training's:
 `freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (on one GPU DDP,
 as `--vla.train_strategy auto` picks it for every case here, or FSDP2 over a group of one with `+fsdp`; bf16,
 activation checkpointing on), then `train_loop` itself. `--profile N` profiles N more steps
