@@ -62,7 +62,7 @@ def _check_device_flags(cfg: TrainConfig, world: int) -> None:
     # Assuming a full fine-tune fits under DDP: that choice needs the model's size.
     strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
     check_cuda_graphs(cfg.vla, strategy, world, device, cfg.grad_sync)
-    batched_grad_copy(cfg.vla.batched_grad_copy, device)
+    batched_grad_copy(cfg.vla, device)
 
 
 if __name__ == "__main__":

@@ -265,14 +265,18 @@ def test_batched_grad_copies_train_like_per_parameter_copies(lora_ddp_steps: Any
 def test_batched_grad_copy_auto_is_on_on_cuda_where_torch_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """`auto` copies a bucket at a time on CUDA, one by one on CPU (as before); with a torch whose DDP lacks it,
     `auto` copies one by one and `on` is refused with the torch version and the settings that work."""
-    assert [ddp.batched_grad_copy(s, CPU) for s in ("auto", "on", "off")] == [False, True, False]
-    assert [ddp.batched_grad_copy(s, CUDA) for s in ("auto", "on", "off")] == [True, True, False]
+
+    def resolved(setting: str, device: torch.device) -> bool:
+        return ddp.batched_grad_copy(VLAConfig(batched_grad_copy=setting), device)
+
+    assert [resolved(s, CPU) for s in ("auto", "on", "off")] == [False, True, False]
+    assert [resolved(s, CUDA) for s in ("auto", "on", "off")] == [True, True, False]
     monkeypatch.setattr(ddp, "HAS_BATCHED_GRAD_COPY", False)
-    assert [ddp.batched_grad_copy(s, CUDA) for s in ("auto", "off")] == [False, False]
+    assert [resolved(s, CUDA) for s in ("auto", "off")] == [False, False]
     with pytest.raises(
         ConfigError, match=rf"torch {re.escape(torch.__version__)} does not have.*auto.*or off"
     ):
-        ddp.batched_grad_copy("on", CUDA)
+        resolved("on", CUDA)
 
 
 def test_compile_auto_compiles_where_it_was_measured_faster() -> None:

@@ -20,6 +20,7 @@ import inspect
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from prismatic.conf.vla import VLAConfig
 from prismatic.models.distributed_init import materialize_from_rank0
 from prismatic.models.lora import keep_lora_input_dtype
 from prismatic.models.parallelize import cast_frozen_params_to_bf16
@@ -84,26 +85,26 @@ def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
         )
 
 
-def batched_grad_copy(setting: str, device: torch.device) -> bool:
-    """Whether DDP copies gradients into its buckets a bucket at a time (`--vla.batched_grad_copy`; `auto`: on
-    CUDA, where this torch has it). The buckets hold the same sums: the one difference, dividing by the world
+def batched_grad_copy(vla: VLAConfig, device: torch.device) -> bool:
+    """Whether DDP copies gradients into its buckets a bucket at a time (`--vla.batched_grad_copy`, a speed switch:
+    `auto` on CUDA), where this torch has it. The buckets hold the same sums: the one difference, dividing by the world
     size after the copy instead of multiplying by its inverse during it, is exact for powers of two.
 
     Raises:
         ConfigError: `on` with a torch whose DDP lacks it.
     """
-    if setting == "on" and not HAS_BATCHED_GRAD_COPY:
+    if vla.batched_grad_copy == "on" and not HAS_BATCHED_GRAD_COPY:
         raise ConfigError(
             f"--vla.batched_grad_copy on needs DDP's batched_grad_copy, which torch {torch.__version__} does not "
             "have (torch >= 2.12 has it; `make install` pins 2.14.1). Use --vla.batched_grad_copy auto "
             "(on where torch has it) or off."
         )
-    return HAS_BATCHED_GRAD_COPY and (setting == "on" or (setting == "auto" and device.type == "cuda"))
+    return HAS_BATCHED_GRAD_COPY and vla.speed_option("batched_grad_copy", device)
 
 
 class DDPStrategy(TrainingStrategy):
     def wrap_model(self) -> torch.nn.Module:
-        self.batched_grad_copy = batched_grad_copy(self.vla.batched_grad_copy, self.dist.device)
+        self.batched_grad_copy = batched_grad_copy(self.vla, self.dist.device)
         if self.mixed_precision:
             cast_frozen_params_to_bf16(self.vlm)
             keep_lora_input_dtype(self.vlm)  # every DDP forward (training, validation) runs under autocast
