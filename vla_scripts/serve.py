@@ -19,7 +19,8 @@ A client, unchanged from OpenVLA's `vla-scripts/deploy.py`:
 errors and batching are described in `prismatic/inference/server.py`. Up to `--max_batch_size` concurrent
 requests are decoded together, waiting at most `--max_wait_ms` after the first; `--max_batch_size 1` turns
 batching off. At start-up one batch of that size is decoded, so a size the device can't hold fails now rather
-than under load.
+than under load, then one request alone; `--compile_decoding true` compiles the decoding then (see
+docs/performance.md), so no request waits for the compiler.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class ServeConfig:
     max_wait_ms: float = 5.0  # longest wait for more requests after the first one of a batch
     max_request_mb: float = 64.0  # larger request bodies are refused (413)
     access_log: bool = False  # log every request (uvicorn's access log)
-    compile_decoding: bool = False  # torch.compile the static-cache decode steps (start-up compiles them)
+    compile_decoding: bool = False  # torch.compile the static-cache prefill and decode step (at start-up)
 
     def __post_init__(self) -> None:
         # A mistyped local path fails here, before torch loads (seconds); Hub / registry ids go to load_policy.
@@ -95,8 +96,9 @@ def check_bindable(host: str, port: int) -> None:
 
 
 def warm_up(policy: VLAPolicy, batch_size: int) -> None:
-    """Decode one full batch before serving: the first forward's one-off costs are paid here, and a
-    `--max_batch_size` the device can't hold is a start-up error instead of failed requests under load.
+    """Decode one full batch, then one request alone, before serving: the first forward's one-off costs are paid
+    here (with `--compile_decoding`, both of its compiles: one for single requests, one for every larger batch), and
+    a `--max_batch_size` the device can't hold is a start-up error instead of failed requests under load.
 
     Raises:
         ConfigError: the device ran out of memory.
@@ -112,6 +114,8 @@ def warm_up(policy: VLAPolicy, batch_size: int) -> None:
     requests = [ActRequest(image, "warm up", keys[0] if keys else None)] * batch_size
     try:
         predict_batch(policy, requests)
+        if batch_size > 1:
+            predict_batch(policy, requests[:1])
     except torch.OutOfMemoryError as e:
         raise ConfigError(
             f"A batch of {batch_size} requests does not fit on {policy.device}: lower --max_batch_size ({e})."

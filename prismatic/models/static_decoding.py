@@ -19,10 +19,13 @@ host) runs the same functions eagerly.
 
 Replayed, a 7B step still runs ~1,000 small unfused kernels (RMSNorm, RoPE, SiLU, residual adds, cache writes:
 ~17 of the 65 ms of an action on an H100). With `compile_steps` the two functions are compiled by `torch.compile`
-(inductor, whole graph, static shapes; one compiled callable per shape, kept with its decoder) after the first,
-eager call of each shape, run once (compiling them, never inside a capture), then captured, so the graphs replay
-inductor's fused kernels. Where compiling fails, the model keeps the uncompiled functions (one WARNING); on CPU
-the compiled functions run without graphs (tests).
+(inductor, whole graph) after the first, eager call of each shape, run once (compiling them, never inside a
+capture), then captured, so the graphs replay inductor's fused kernels. One compiled callable per model and
+function serves every shape: batch size and prompt and cache lengths are symbolic in its graphs, so it compiles
+once for one request and once for larger batches, and a later shape only captures its graphs (compiling a 7B
+prefill and step took 111 s on an H100; when each shape compiled its own, a server paid that for every new batch
+size and prompt length). Where compiling fails, the model keeps the uncompiled functions (one WARNING); on CPU the
+compiled functions run without graphs (tests).
 """
 
 from __future__ import annotations
@@ -101,6 +104,23 @@ def _like(value: Any) -> Any:
     return None if value is None else torch.zeros_like(value)
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, dict):
+        return list(value.values())
+    return [] if value is None else [value]
+
+
+def compiled_function(vlm: PrismaticVLM, name: str) -> Callable[[StaticDecoder], None]:
+    """`StaticDecoder._<name>` compiled for `vlm`, made once and kept with the model: every shape's decoder calls
+    the same one, whose graphs take batch size and lengths as symbols (`StaticDecoder._mark_dynamic`)."""
+    kept = vlm.__dict__.setdefault("_static_compiled", {})
+    if name not in kept:
+        # Recompiles counted per model where torch can (2.14; dynamo's limits are per code object otherwise).
+        isolate = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}
+        kept[name] = torch.compile(getattr(StaticDecoder, f"_{name}"), fullgraph=True, **isolate)
+    return kept[name]
+
+
 def _copy_into(target: Any, value: Any) -> None:
     if isinstance(target, dict):
         for key, item in target.items():
@@ -116,7 +136,7 @@ class StaticDecoder:
     def __init__(self, vlm: PrismaticVLM, shape: tuple[int, int, int, int], options: StepOptions) -> None:
         self.vlm, self.llm, self.options, self.choose = vlm, vlm.llm_backbone.llm, options, options.choose
         batch_size, text_len, seq_len, max_len = shape
-        self.seq_len, self.max_len = seq_len, max_len
+        self.max_len = max_len  # the cache length (the graphs read lengths off the tensors)
         self.cache = _static_cache(self.llm, max_len)
         self.model_kwargs = {cache_kwarg(self.llm): self.cache, "use_cache": True, **options.keep_last}
         device = self.llm.get_input_embeddings().weight.device
@@ -162,10 +182,12 @@ class StaticDecoder:
 
     def _prefill(self) -> None:
         """Prompt embeddings (text and prefix, laid out by `index`), the LLM into the reset cache, the first choice."""
+        # Lengths come from the tensors' shapes, not from ints: symbolic when compiled (one graph for all shapes).
+        batch_size, seq_len = self.mask.shape
         embeds = prompt_embeddings(self.vlm, self.ids, self.index, self.mask, self.pixels, self.proprio)
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        padded = torch.zeros((self.mask.shape[0], self.max_len), dtype=torch.bool, device=self.mask.device)
-        padded[:, : self.seq_len] = self.mask.bool()
+        padded = torch.zeros((batch_size, self.valid.shape[-1]), dtype=torch.bool, device=self.mask.device)
+        padded[:, :seq_len] = self.mask.bool()
         prompt_mask = (self.causal[None, None] & padded[:, None, None, :]) | self.diagonal[None, None]
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):
@@ -178,7 +200,7 @@ class StaticDecoder:
         self.logprob.copy_(logprob)
         self.valid.copy_(padded[:, None, None, :])
         self.position.copy_(positions[:, -1:] + 1)
-        self.slot.fill_(self.seq_len)
+        self.slot.fill_(seq_len)
 
     def _step(self) -> None:
         """Feed `token` at `position` (cache slot `slot`), choose the next one, advance."""
@@ -207,7 +229,7 @@ class StaticDecoder:
             run()
             return
         fn()  # the real call, eager: what follows runs on the state it leaves and restores it
-        run = self._compile(name, fn) if self.options.compile_steps and name in COMPILED else fn
+        run = self._compile(name) if self.options.compile_steps and name in COMPILED else fn
         if self.options.use_graph:
             graph = torch.cuda.CUDAGraph()
             try:
@@ -233,19 +255,22 @@ class StaticDecoder:
             for layer, length in zip(self.cache.layers, lengths, strict=True):
                 layer.cumulative_length.copy_(length)
 
-    def _compile(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
-        """`fn` compiled for this shape and run once (compiling it; never inside a capture), or `fn` where that
-        fails: the model then keeps the uncompiled functions, with one WARNING."""
+    def _compile(self, name: str) -> Callable[[], None]:
+        """The model's compiled `name` (`compiled_function`) bound to this shape and run once (compiling it where
+        no earlier shape's graphs fit; never inside a capture), or the uncompiled function where that fails: the
+        model then keeps the uncompiled functions, with one WARNING."""
+        fn = getattr(self, f"_{name}")
         if COMPILE_FAILED in self.vlm.__dict__:
             return fn
-        # One compiled callable per shape, its recompiles counted apart from other shapes' where torch can (2.14:
-        # dynamo's limits are per code object otherwise): shapes come and go with `MAX_GRAPHS` decoders over a
-        # server's life. An older torch counts them together, and falls back here once past its limit.
-        isolate = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}
+        self._mark_dynamic()
+        compiled = compiled_function(self.vlm, name)
+
+        def run() -> None:
+            compiled(self)
+
         try:
-            compiled = torch.compile(fn, fullgraph=True, dynamic=False, **isolate)
             with self._state_kept():
-                compiled()
+                run()
         except torch.OutOfMemoryError:
             raise
         except (
@@ -256,7 +281,28 @@ class StaticDecoder:
             logger.warning("torch.compile of the %s failed (%s); decoding runs uncompiled.", name, reason)
             self.vlm.__dict__[COMPILE_FAILED] = reason
             return fn
-        return compiled
+        return run
+
+    def _mark_dynamic(self) -> None:
+        """Mark the batch and length dimensions of this shape's tensors as symbolic (`maybe_mark_dynamic`: a size
+        of 1 is still specialised, hence one graph for a single request and one for larger batches)."""
+        dims = [
+            (self.ids, (0, 1)),
+            (self.index, (0, 1)),
+            (self.mask, (0, 1)),
+            (self.causal, (0, 1)),
+            (self.diagonal, (0, 1)),
+            (self.token, (0,)),
+            (self.logprob, (0,)),
+            (self.valid, (0, 3)),
+            (self.position, (0,)),
+        ]
+        dims += [(tensor, (0,)) for tensor in _tensors(self.pixels) + _tensors(self.proprio)]
+        for layer in self.cache.layers:  # keys / values [B, heads, max_len, head_dim], made by the eager call
+            dims += [(tensor, (0, 2)) for tensor in (layer.keys, layer.values)]
+        for tensor, indices in dims:
+            for index in indices:
+                torch._dynamo.maybe_mark_dynamic(tensor, index)
 
     def decode(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill, then `num_tokens - 1` steps: ids and log-probabilities `[B, num_tokens]` (on the device)."""

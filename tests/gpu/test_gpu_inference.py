@@ -110,7 +110,8 @@ def test_compiled_decoding_gives_the_uncompiled_ids(
     device: torch.device, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`VLAPolicy.compile_decoding`: the prefill and the decode step compiled by inductor, then captured as CUDA
-    graphs. In FP32 the ids equal the uncompiled graphs' (first call and replay), and nothing fell back."""
+    graphs. In FP32 the ids equal the uncompiled graphs' (first call and replay; a batch, a single request, and
+    another batch size whose graphs take the batch's compiled code with other sizes), and nothing fell back."""
     torch.manual_seed(0)
     policy = VLAPolicy(load(BASE), {"ds": action_statistics()}, BASE, device, torch.float32)
     policy.static_cache = (
@@ -119,14 +120,17 @@ def test_compiled_decoding_gives_the_uncompiled_ids(
     images = _images(len(INSTRUCTIONS), seed=2)
     plain = policy.decode_batch(images, INSTRUCTIONS, "ds")
     plain_alone = policy.decode_batch(images[:1], INSTRUCTIONS[:1], "ds")
+    plain_three = policy.decode_batch(images[1:], INSTRUCTIONS[1:], "ds")
     policy.compile_decoding = True
     with caplog.at_level(logging.WARNING):
         compiled = policy.decode_batch(images, INSTRUCTIONS, "ds")
         replayed = policy.decode_batch(images, INSTRUCTIONS, "ds")
-        alone = policy.decode_batch(images[:1], INSTRUCTIONS[:1], "ds")  # another shape: compiled again
+        alone = policy.decode_batch(images[:1], INSTRUCTIONS[:1], "ds")  # one request: compiled again
+        three = policy.decode_batch(images[1:], INSTRUCTIONS[1:], "ds")  # the batch's code, other sizes
     np.testing.assert_array_equal(compiled.token_ids, plain.token_ids)
     np.testing.assert_array_equal(replayed.token_ids, plain.token_ids)
     np.testing.assert_array_equal(alone.token_ids, plain_alone.token_ids)
+    np.testing.assert_array_equal(three.token_ids, plain_three.token_ids)
     fallbacks = [
         r.getMessage()
         for r in caplog.records

@@ -1,7 +1,8 @@
 """`compile_steps`: the static cache's decode step compiled by `torch.compile` (inductor; C++ kernels on CPU) gives
-the dynamic KV cache's ids, for a single request and a batch of different prompt lengths, constrained or not; a
-compile failure falls back to the uncompiled functions with one WARNING; the policy's option and the scripts'
-`--compile_decoding` flag reach `greedy_decode`.
+the dynamic KV cache's ids, for a single request and a batch of different prompt lengths, constrained or not; one
+compiled step serves every later batch size and prompt length (compiled twice in all: one request, larger
+batches); a compile failure falls back to the uncompiled functions with one WARNING; the policy's option and the
+scripts' `--compile_decoding` flag reach `greedy_decode`; the server warms up a single request too.
 
 On CPU only the decode step is compiled here (`static_decoding.COMPILED`): compiling the prefill too, vision
 backbone included, works the same way but takes 30-50 s more on one core. The reference is `greedy_decode`'s
@@ -44,20 +45,28 @@ def model(make_batch):
     return vlm, prompts, batch["pixel_values"], vlm.llm_backbone.tokenizer.pad_token_id
 
 
+def _forget(vlm) -> None:
+    """No decoders, compiled functions or compile failure kept on the model: the next call starts afresh."""
+    for name in ("_static_decoders", "_static_compiled", static_decoding.COMPILE_FAILED):
+        vlm.__dict__.pop(name, None)
+
+
 @pytest.fixture
 def step_only(monkeypatch: pytest.MonkeyPatch, model) -> None:
-    """Compile the decode step only (see the module docstring), on a model with no decoders kept."""
+    """Compile the decode step only (see the module docstring), on a model with nothing kept."""
     monkeypatch.setattr(static_decoding, "COMPILED", ("step",))
-    model[0].__dict__.pop("_static_decoders", None)
-    model[0].__dict__.pop(static_decoding.COMPILE_FAILED, None)
+    _forget(model[0])
 
 
-def _decode(model, batch: int, allowed: range | None, **options):
-    vlm, prompts, pixels, pad_id = model
+def _decode(model, batch: int, allowed: range | None, prompts: list[list[int]] | None = None, **options):
+    """Decode the first `batch` prompts (or `prompts`, each with the first image) with `DecodeOptions(**options)`."""
+    vlm, fixture_prompts, pixels, pad_id = model
+    prompts = fixture_prompts[:batch] if prompts is None else prompts
+    rows = torch.arange(len(prompts)) % len(fixture_prompts)  # the fixture's images, in turn
     return greedy_decode(
         vlm,
-        prompts[:batch],
-        {key: value[:batch] for key, value in pixels.items()},
+        prompts,
+        {key: value[rows] for key, value in pixels.items()},
         7,
         pad_id=pad_id,
         allowed_ids=allowed,
@@ -87,15 +96,44 @@ def test_compiled_step_ids_equal_the_dynamic_cache(
     torch.testing.assert_close(again.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
 
 
+def test_one_compiled_step_serves_every_later_shape(model, step_only) -> None:
+    """Batch size and prompt and cache lengths are symbols in the compiled step's graph: after one compile for a
+    single request and one for a batch, new batch sizes and prompt lengths (other `TEXT_BUCKET`s and
+    `CACHE_BUCKET`s) compile nothing, and every shape chooses the dynamic cache's ids."""
+    prompts = model[1]
+    longer = prompts[0] + prompts[0][1:] + prompts[0][1:]  # text and cache buckets past the fixture's prompts
+    longest = longer + prompts[0][1:] + prompts[0][1:]
+    shapes = [
+        [prompts[0]],  # one request: compiled (batch size 1 is specialised)
+        [longer[:5]],  # one request, another prompt length: no compile
+        prompts,  # a batch: compiled again, once
+        [longest, prompts[1], longer[:9]],  # another batch size, text and cache lengths: no compile
+        [prompts[1]] * 5,
+        [longer],
+    ]
+    new_graphs, seen = [], []
+    for rows in shapes:
+        dynamic = _decode(model, len(rows), ACTION_IDS, prompts=rows, static_cache=False)
+        graphs = counters["stats"]["unique_graphs"]
+        compiled = _decode(model, len(rows), ACTION_IDS, prompts=rows, static_cache=True, compile_steps=True)
+        new_graphs.append(counters["stats"]["unique_graphs"] - graphs)
+        seen.append(next(reversed(model[0].__dict__["_static_decoders"]))[0])  # (batch, text, prompt, cache)
+        assert torch.equal(compiled.token_ids, dynamic.token_ids)
+        torch.testing.assert_close(compiled.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+    assert len(set(seen)) == len(shapes), seen  # every row a shape of its own
+    assert len({shape[1] for shape in seen}) >= 3 and len({shape[3] for shape in seen}) >= 3, seen
+    assert new_graphs == [1, 0, 1, 0, 0, 0]
+    assert static_decoding.COMPILE_FAILED not in model[0].__dict__
+
+
 def test_a_compile_failure_falls_back_with_one_warning(
     model, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model[0].__dict__.pop("_static_decoders", None)
-    model[0].__dict__.pop(static_decoding.COMPILE_FAILED, None)
+    _forget(model[0])
     attempts = []
 
     def failing_compile(fn, **options):
-        def compiled():
+        def compiled(*args):
             attempts.append(options)
             raise torch._dynamo.exc.InternalTorchDynamoError("no C++ compiler here")
 
@@ -107,7 +145,7 @@ def test_a_compile_failure_falls_back_with_one_warning(
         batch = _decode(model, 2, None, static_cache=True, compile_steps=True)  # a new shape: no second try
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1 and "no C++ compiler here" in warnings[0].getMessage()
-    assert attempts == [{"fullgraph": True, "dynamic": False, "isolate_recompiles": True}]
+    assert attempts == [{"fullgraph": True, "isolate_recompiles": True}]
     assert torch.equal(one.token_ids, _decode(model, 1, ACTION_IDS, static_cache=False).token_ids)
     assert torch.equal(batch.token_ids, _decode(model, 2, None, static_cache=False).token_ids)
 
@@ -129,18 +167,38 @@ def test_policy_option_reaches_greedy_decode(model, monkeypatch: pytest.MonkeyPa
     assert seen == [False, True]
 
 
+def _script(script: str, monkeypatch: pytest.MonkeyPatch):
+    """`vla_scripts/<script>.py` loaded as a module."""
+    spec = importlib.util.spec_from_file_location(f"{script}_script", REPO / "vla_scripts" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize(("script", "name"), [("serve", "ServeConfig"), ("eval_libero", "EvalLiberoConfig")])
 def test_compile_decoding_flag_parses(
     script: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prismatic.util.cli import parse_config
 
-    spec = importlib.util.spec_from_file_location(f"{script}_script", REPO / "vla_scripts" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    config = getattr(module, name)
+    config = getattr(_script(script, monkeypatch), name)
     assert parse_config(config, ["--checkpoint", str(tmp_path)]).compile_decoding is False
     assert (
         parse_config(config, ["--checkpoint", str(tmp_path), "--compile_decoding"]).compile_decoding is True
     )
+
+
+@pytest.mark.parametrize(("max_batch_size", "expected"), [(4, [4, 1]), (1, [1])])
+def test_server_warm_up_decodes_a_full_batch_then_one_request(
+    model, monkeypatch: pytest.MonkeyPatch, max_batch_size: int, expected: list[int]
+) -> None:
+    """`serve.py` warms up both shapes `--compile_decoding` compiles for (a batch, one request), so no request
+    waits for the compiler; the batch first, so a size that does not fit fails at start-up."""
+    from prismatic.inference import server
+
+    serve = _script("serve", monkeypatch)
+    sizes = []
+    monkeypatch.setattr(server, "predict_batch", lambda policy, requests: sizes.append(len(requests)))
+    serve.warm_up(VLAPolicy(model[0], None, "tiny", torch.device("cpu"), torch.float32), max_batch_size)
+    assert sizes == expected
