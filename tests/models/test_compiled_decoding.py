@@ -10,9 +10,7 @@ dynamic-cache path (itself pinned against re-running the full sequence)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -167,22 +165,11 @@ def test_policy_option_reaches_greedy_decode(model, monkeypatch: pytest.MonkeyPa
     assert seen == [False, True]
 
 
-def _script(script: str, monkeypatch: pytest.MonkeyPatch):
-    """`vla_scripts/<script>.py` loaded as a module."""
-    spec = importlib.util.spec_from_file_location(f"{script}_script", REPO / "vla_scripts" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(("script", "name"), [("serve", "ServeConfig"), ("eval_libero", "EvalLiberoConfig")])
-def test_compile_decoding_flag_parses(
-    script: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_compile_decoding_flag_parses(script: str, name: str, tmp_path: Path, load_script) -> None:
     from prismatic.util.cli import parse_config
 
-    config = getattr(_script(script, monkeypatch), name)
+    config = getattr(load_script(script), name)
     assert parse_config(config, ["--checkpoint", str(tmp_path)]).compile_decoding is False
     assert (
         parse_config(config, ["--checkpoint", str(tmp_path), "--compile_decoding"]).compile_decoding is True
@@ -191,13 +178,13 @@ def test_compile_decoding_flag_parses(
 
 @pytest.mark.parametrize(("max_batch_size", "expected"), [(4, [4, 1]), (1, [1])])
 def test_server_warm_up_decodes_a_full_batch_then_one_request(
-    model, monkeypatch: pytest.MonkeyPatch, max_batch_size: int, expected: list[int]
+    model, monkeypatch: pytest.MonkeyPatch, load_script, max_batch_size: int, expected: list[int]
 ) -> None:
     """`serve.py` warms up both shapes `--compile_decoding` compiles for (a batch, one request), so no request
     waits for the compiler; the batch first, so a size that does not fit fails at start-up."""
     from prismatic.inference import server
 
-    serve = _script("serve", monkeypatch)
+    serve = load_script("serve")
     sizes = []
     monkeypatch.setattr(server, "predict_batch", lambda policy, requests: sizes.append(len(requests)))
     serve.warm_up(VLAPolicy(model[0], None, "tiny", torch.device("cpu"), torch.float32), max_batch_size)

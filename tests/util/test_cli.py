@@ -5,9 +5,7 @@ is reported (one paragraph, exit 2, recorded for torchrun). The catalogue of bad
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,14 +171,6 @@ def test_range_errors_from_post_init_are_config_errors() -> None:
         parse_config(TrainConfig, ["--trackers", "jsnol"])
 
 
-def _load_script(name: str, monkeypatch: pytest.MonkeyPatch):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", REPO / "vla_scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_run_config_yaml_parses_back_to_the_same_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,7 +185,7 @@ def test_a_run_config_yaml_parses_back_to_the_same_config(
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg) and again.run_id == "007"
 
 
-def test_every_field_of_every_script_has_help(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_field_of_every_script_has_help(load_script) -> None:
     configs = [
         TrainConfig,
         *(VLAConfig.get_choice_class(i) for i in ("tiny+mx-toy", "siglip-224px+mx-bridge")),
@@ -209,7 +199,7 @@ def test_every_field_of_every_script_has_help(monkeypatch: pytest.MonkeyPatch) -
         ("evaluate", "EvaluateConfig"),
         ("serve", "ServeConfig"),
     ]:
-        configs.append(getattr(_load_script(script, monkeypatch), name))
+        configs.append(getattr(load_script(script), name))
     for config in configs:
         for flag in config_flags(config):
             assert flag.help, f"{config.__name__}: --{flag.name} has no one-line description"
