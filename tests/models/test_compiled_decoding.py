@@ -24,7 +24,6 @@ from prismatic.models import build_vlm, static_decoding
 from prismatic.models.action_heads import ActionSpec, tokens
 from prismatic.models.decoding import DecodeOptions, greedy_decode
 
-REPO = Path(__file__).resolve().parents[2]
 ACTION_IDS = range(768, 1024)
 
 
@@ -57,7 +56,7 @@ def step_only(monkeypatch: pytest.MonkeyPatch, model) -> None:
 
 
 def _decode(model, batch: int, allowed: range | None, prompts: list[list[int]] | None = None, **options):
-    """Decode the first `batch` prompts (or `prompts`, each with the first image) with `DecodeOptions(**options)`."""
+    """Decode the first `batch` prompts (or `prompts`, with the fixture's images in turn) with `DecodeOptions(**options)`."""
     vlm, fixture_prompts, pixels, pad_id = model
     prompts = fixture_prompts[:batch] if prompts is None else prompts
     rows = torch.arange(len(prompts)) % len(fixture_prompts)  # the fixture's images, in turn

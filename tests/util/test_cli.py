@@ -19,8 +19,6 @@ from prismatic.util import cli_report
 from prismatic.util.cli import config_flags, entry_point, field_docs, format_help, parse_config
 from prismatic.util.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @dataclass
 class Demo:
