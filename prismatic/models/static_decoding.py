@@ -110,15 +110,17 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [] if value is None else [value]
 
 
-def compiled_function(vlm: PrismaticVLM, name: str) -> Callable[[StaticDecoder], None]:
-    """`StaticDecoder._<name>` compiled for `vlm`, made once and kept with the model: every shape's decoder calls
-    the same one, whose graphs take batch size and lengths as symbols (`StaticDecoder._mark_dynamic`)."""
+def compiled_function(
+    vlm: PrismaticVLM, function: Callable[[StaticDecoder], None]
+) -> Callable[[StaticDecoder], None]:
+    """`function` (a `StaticDecoder` method, unbound) compiled for `vlm`, made once and kept with the model: every
+    shape's decoder calls the same one, whose graphs take batch size and lengths as symbols (`_mark_dynamic`)."""
     kept = vlm.__dict__.setdefault("_static_compiled", {})
-    if name not in kept:
+    if function.__name__ not in kept:
         # Recompiles counted per model where torch can (2.14; dynamo's limits are per code object otherwise).
         isolate = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}
-        kept[name] = torch.compile(getattr(StaticDecoder, f"_{name}"), fullgraph=True, **isolate)
-    return kept[name]
+        kept[function.__name__] = torch.compile(function, fullgraph=True, **isolate)
+    return kept[function.__name__]
 
 
 def _copy_into(target: Any, value: Any) -> None:
@@ -136,7 +138,6 @@ class StaticDecoder:
     def __init__(self, vlm: PrismaticVLM, shape: tuple[int, int, int, int], options: StepOptions) -> None:
         self.vlm, self.llm, self.options, self.choose = vlm, vlm.llm_backbone.llm, options, options.choose
         batch_size, text_len, seq_len, max_len = shape
-        self.max_len = max_len  # the cache length (the graphs read lengths off the tensors)
         self.cache = _static_cache(self.llm, max_len)
         self.model_kwargs = {cache_kwarg(self.llm): self.cache, "use_cache": True, **options.keep_last}
         device = self.llm.get_input_embeddings().weight.device
@@ -163,6 +164,11 @@ class StaticDecoder:
         self.slot = torch.zeros(1, dtype=torch.long, device=device)  # its cache slot
         self.runs: dict[str, Callable[[], None]] = {}  # per function, once warmed up: compiled or not
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}  # per function, where captured
+
+    @property
+    def max_len(self) -> int:
+        """The cache length (the functions read every length off their tensors' shapes)."""
+        return self.valid.shape[-1]
 
     def load(
         self,
@@ -229,7 +235,7 @@ class StaticDecoder:
             run()
             return
         fn()  # the real call, eager: what follows runs on the state it leaves and restores it
-        run = self._compile(name) if self.options.compile_steps and name in COMPILED else fn
+        run = self._compile(name, fn) if self.options.compile_steps and name in COMPILED else fn
         if self.options.use_graph:
             graph = torch.cuda.CUDAGraph()
             try:
@@ -255,15 +261,14 @@ class StaticDecoder:
             for layer, length in zip(self.cache.layers, lengths, strict=True):
                 layer.cumulative_length.copy_(length)
 
-    def _compile(self, name: str) -> Callable[[], None]:
-        """The model's compiled `name` (`compiled_function`) bound to this shape and run once (compiling it where
-        no earlier shape's graphs fit; never inside a capture), or the uncompiled function where that fails: the
-        model then keeps the uncompiled functions, with one WARNING."""
-        fn = getattr(self, f"_{name}")
+    def _compile(self, name: str, fn: Callable[[], None]) -> Callable[[], None]:
+        """The model's compiled `fn` (`compiled_function`) bound to this shape and run once (compiling it where no
+        earlier shape's graphs fit; never inside a capture), or `fn` where that fails: the model then keeps the
+        uncompiled functions, with one WARNING."""
         if COMPILE_FAILED in self.vlm.__dict__:
             return fn
         self._mark_dynamic()
-        compiled = compiled_function(self.vlm, name)
+        compiled = compiled_function(self.vlm, fn.__func__)
 
         def run() -> None:
             compiled(self)
