@@ -1,7 +1,8 @@
 """GPU benchmark: the registry's real VLM architectures (random weights, nothing downloaded) through the real set-up
 path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on the 7B shape.
 
-    make bench-gpu                                   # one GPU: the 7B and ~1B cases, before/after the speed flags
+    make bench-gpu                                   # one GPU: the 7B and ~1B cases with the defaults
+    python benchmarks/bench_gpu.py --variants before new   # the same, also with every speed flag off
     python benchmarks/bench_gpu.py --device cpu      # the tiny ids on CPU (what CI runs)
     python benchmarks/bench_gpu.py --device cpu --cases lora-7b-narrow --no_predict --variants new new+ddp
                                                      # the 7B step's kernel launches, FSDP2 against DDP, on CPU
@@ -20,11 +21,13 @@ device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, hos
 that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
 cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
-eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU the LoRA cases
-compile their blocks and train under DDP, and steps overlap); `+compile`, `+no-compile`, `+sac-ops`, `+every-2`,
-`+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`, `+grad-op`, `+per-param-copy` (DDP's
-gradient copies one by one), `+cpp-wrapper` and `+cudagraphs` (`--vla.compile_mode`: compiled blocks launched
-from C++, or replayed from CUDA graphs) change one means each (`MODIFIERS`), e.g. `new+compile+sac-ops`. Frames
+eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU every case trains
+under DDP and compiles its blocks, the LoRA cases replay them from CUDA graphs, and steps overlap); `+compile`,
+`+no-compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`,
+`+grad-op`, `+per-param-copy` (DDP's gradient copies one by one), `+cudagraphs` and `+no-cudagraphs`
+(`--vla.compile_mode`: compiled blocks replayed from CUDA graphs, or launched one by one) change one means each
+(`MODIFIERS`), e.g. `new+compile+sac-ops`. On a GPU the variants are `new` alone unless `--variants` says otherwise
+(the whole run within 5 minutes on one H100); on CPU `before new`. Frames
 come from the project's own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`):
 no TensorFlow, no data on disk. Four batches are made once and cycled, except under `+live-data` (made on every
 step, on the loop's thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up
@@ -138,9 +141,10 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU)
     "grad-op": {"train_strategy": "fsdp-shard-grad-op"},  # gathered once a step, kept until the backward
     "per-param-copy": {"batched_grad_copy": "off"},  # DDP copies each gradient into its bucket as it arrives
-    # How compiled blocks launch their kernels (`--vla.compile_mode`): from C++, or replayed from CUDA graphs.
-    "cpp-wrapper": {"compile": "on", "compile_mode": "cpp-wrapper"},
+    # How compiled blocks launch their kernels (`--vla.compile_mode`): replayed from CUDA graphs (`auto`'s choice
+    # for LoRA under DDP on a GPU), or one by one from inductor's Python wrapper.
     "cudagraphs": {"compile": "on", "compile_mode": "reduce-overhead"},
+    "no-cudagraphs": {"compile_mode": "default"},
 }
 
 
@@ -246,6 +250,7 @@ def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None 
         logits_at_labels="off" if before else "auto",
         causal_mask_only="off" if before else "auto",
         compile="off" if before else "auto",
+        compile_mode="default" if before else "auto",
         overlap_steps="off" if before else "auto",
         batched_grad_copy="off" if before else "auto",
         train_strategy="fsdp-full-shard" if before else "auto",
@@ -455,6 +460,11 @@ def run_training_case(
         "peak_mem_gb": round(torch.cuda.max_memory_allocated(device) / 1e9, 1)
         if device.type == "cuda"
         else None,
+        # What the allocator holds from the device: CUDA graphs replay into memory their pools reserved while
+        # recording (in warm-up), which the allocated peak of the timed steps does not see.
+        "peak_reserved_gb": round(torch.cuda.max_memory_reserved(device) / 1e9, 1)
+        if device.type == "cuda"
+        else None,
         "host_syncs_per_step": syncs,
         "aten_ops_per_step": kernel_ops.count if kernel_ops is not None else None,
         # Compiled graphs inductor ran without CUDA graphs under `+cudagraphs` (its log says why): 0 on a GPU
@@ -633,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="*",
         default=None,
-        help=f"default: before new; a base ({', '.join(VARIANT_BASES)}) and any of +{', +'.join(MODIFIERS)}",
+        help=f"default: new on a GPU, before new on CPU; a base ({', '.join(VARIANT_BASES)}) and any of "
+        f"+{', +'.join(MODIFIERS)}",
     )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per case")
     parser.add_argument("--warmup", type=int, default=3)
@@ -702,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    variants = args.variants or ["before", "new"]
+    variants = args.variants or (["new"] if on_gpu else ["before", "new"])
     for variant in variants:
         parse_variant(variant)  # a typo fails before any model is built
     args.predict_batch_sizes = args.predict_batch_sizes or ([1, 16, 64] if on_gpu else [1, 4])

@@ -164,7 +164,7 @@ def test_set_and_variants_give_the_config_fields_they_name() -> None:
         False,
     )
     assert parse_variant("before+grad-op")[1] == {"train_strategy": "fsdp-shard-grad-op"}
-    assert parse_variant("new+cpp-wrapper")[1] == {"compile": "on", "compile_mode": "cpp-wrapper"}
+    assert parse_variant("new+no-cudagraphs")[1] == {"compile_mode": "default"}
     assert parse_variant("new+cudagraphs")[1] == {"compile": "on", "compile_mode": "reduce-overhead"}
 
 

@@ -53,7 +53,7 @@ def _check_device_flags(cfg: TrainConfig, world: int) -> None:
     model is built."""
     import torch  # lazy: only these flags need torch before training starts
 
-    from prismatic.training.strategies import check_cuda_graphs, choose_train_strategy
+    from prismatic.training.strategies import blocks_compile_mode, choose_train_strategy
     from prismatic.training.strategies.ddp import batched_grad_copy
     from prismatic.training.strategies.fsdp import check_cpu_offload
 
@@ -61,7 +61,7 @@ def _check_device_flags(cfg: TrainConfig, world: int) -> None:
     check_cpu_offload(cfg.vla.cpu_offload, device)
     # Assuming a full fine-tune fits under DDP: that choice needs the model's size.
     strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
-    check_cuda_graphs(cfg.vla, strategy, world, device, cfg.grad_sync)
+    blocks_compile_mode(cfg.vla, strategy, world, device, cfg.grad_sync)
     batched_grad_copy(cfg.vla, device)
 
 

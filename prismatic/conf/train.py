@@ -90,7 +90,7 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     # Gradient reduction with accumulation: once per step (unsharded FP32 gradients kept between micro-batches) or
     # reduce-scattered after every micro-batch (sharded gradients only); auto picks by the memory they would need
-    # (FSDP), or after every micro-batch under CUDA graphs (DDP with --vla.compile_mode reduce-overhead).
+    # (FSDP), or after every micro-batch under CUDA graphs (DDP replaying them: --vla.compile_mode).
     grad_sync: str = "auto"  # auto, micro-batch or step
     sharding: str = (
         "auto"  # FSDP: full (shard over all ranks), hybrid (shard in a node, replicate across), auto

@@ -33,11 +33,11 @@ SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
 # run's config.yaml from before `compile` took `auto` says `compile: false`), and the flag alone means on.
 SWITCH = {"switch": True}
 CHECKPOINTING_POLICIES = ("full", "selective-ops", "every-N (N >= 1)")  # --vla.checkpointing_policy
-# --vla.compile_mode: how compiled blocks run their kernels, as torch.compile's keyword arguments per name. All three
-# run inductor's kernels; they differ in what the host does per launch, which bounds a launch-bound step.
+# --vla.compile_mode: how compiled blocks launch their kernels, as torch.compile's keyword arguments per name (`auto`,
+# the default, picks one per run: `prismatic.training.strategies.blocks_compile_mode`). Both run inductor's kernels;
+# they differ in what the host does per launch, which bounds a launch-bound step.
 COMPILE_MODES: dict[str, dict[str, Any]] = {
     "default": {},  # launched one by one from inductor's Python wrapper
-    "cpp-wrapper": {"options": {"cpp_wrapper": True}},  # launched from a generated C++ wrapper
     "reduce-overhead": {"mode": "reduce-overhead"},  # replayed from CUDA graphs (CUDA, DDP)
 }
 
@@ -118,8 +118,8 @@ class VLAConfig(ChoiceRegistry):
     logits_at_labels: str = field(default="auto", metadata=SWITCH)  # LM head only at labels: auto, on or off
     causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
     prefetch_batches: int = 0  # batches made ahead on a background thread (transform, collate, pin); 0: off
-    compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: on CUDA if LoRA or no AC
-    compile_mode: str = "default"  # kernel launches of compiled blocks: default, cpp-wrapper, reduce-overhead
+    compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: CUDA, if LoRA, DDP or no AC
+    compile_mode: str = "auto"  # compiled blocks' launches: auto, default, reduce-overhead (CUDA graphs)
     overlap_steps: str = field(default="auto", metadata=SWITCH)  # read metrics after queuing the next step
     batched_grad_copy: str = field(default="auto", metadata=SWITCH)  # DDP: copies gradients per bucket
 
@@ -132,15 +132,16 @@ class VLAConfig(ChoiceRegistry):
         value = getattr(self, name)
         return value == "on" or (value == "auto" and getattr(device, "type", device) == "cuda")
 
-    def compiles(self, device: Any) -> bool:
-        """Whether `--vla.compile` compiles the blocks of a run on `device`.
+    def compiles(self, device: Any, strategy: str = "") -> bool:
+        """Whether `--vla.compile` compiles the blocks of a run on `device` under `strategy` (a registered name).
 
         `auto` compiles on CUDA where compiling was measured faster (docs/performance.md): LoRA runs (7B LoRA with
-        activation checkpointing: 1.3-1.45x per step on an H200) and runs without activation
-        checkpointing (1B full fine-tune: 1.23x). A full fine-tune with checkpointing was slower compiled (1B: 728
-        against 662 ms per step), so it stays eager there.
+        activation checkpointing: 1.3-1.45x per step on an H200), runs without activation checkpointing (1B full
+        fine-tune: 1.23x) and full fine-tunes under DDP (1B with checkpointing: 633 against 701 ms per step on an
+        H100). A full fine-tune with checkpointing under FSDP2 was slower compiled (1B: 728 against 662 ms), so it
+        stays eager there.
         """
-        measured_faster = self.use_lora or not self.enable_gradient_checkpointing
+        measured_faster = self.use_lora or not self.enable_gradient_checkpointing or strategy == "ddp"
         return self.speed_option("compile", device) and (self.compile == "on" or measured_faster)
 
     def lora_settings(self) -> LoraSettings | None:
@@ -190,7 +191,7 @@ class VLAConfig(ChoiceRegistry):
             ("logits_at_labels", self.logits_at_labels, SPEED_SWITCHES),
             ("causal_mask_only", self.causal_mask_only, SPEED_SWITCHES),
             ("compile", self.compile, SPEED_SWITCHES),
-            ("compile_mode", self.compile_mode, tuple(COMPILE_MODES)),
+            ("compile_mode", self.compile_mode, ("auto", *COMPILE_MODES)),
             ("overlap_steps", self.overlap_steps, SPEED_SWITCHES),
             ("batched_grad_copy", self.batched_grad_copy, SPEED_SWITCHES),
         ):

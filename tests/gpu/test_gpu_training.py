@@ -165,23 +165,24 @@ def test_lora_compiles_its_blocks_by_default_and_matches_cpu(
 
 @pytest.mark.parametrize(
     ("mode", "policy", "n_micro"),
-    [("cpp-wrapper", "full", 1), ("reduce-overhead", "full", 1), ("reduce-overhead", "selective-ops", 2)],
+    [("auto", "full", 1), ("reduce-overhead", "full", 1), ("reduce-overhead", "selective-ops", 2)],
 )
 def test_compile_modes_train_like_cpu(process_group: DistInfo, mode: str, policy: str, n_micro: int) -> None:
     """`--vla.compile_mode` on the GPU: LoRA under DDP, FP32, four steps (CUDA graphs are recorded on a block's
     second call and replayed from its third; with accumulation, DDP reduces every micro-batch's gradients out of
-    the graphs' memory) against the CPU reference. Under `reduce-overhead` every compiled graph runs from CUDA
-    graphs: inductor skipped none."""
+    the graphs' memory) against the CPU reference. Under `reduce-overhead`, and `auto` (the default) on CUDA, every
+    compiled graph runs from CUDA graphs: inductor skipped none."""
     vla = tiny_vla(use_lora=True, train_strategy="ddp", compile="on", compile_mode=mode)
     vla.checkpointing_policy, vla.enable_mixed_precision_training = policy, False
     vla.global_batch_size = n_micro * vla.per_device_batch_size
     counts = torch._dynamo.utils.counters["inductor"]
     skips_before = counts["cudagraph_skips"]
     built = build(vla, process_group)
-    assert built.strategy.compiled and built.strategy.cuda_graphs is (mode == "reduce-overhead")
+    on_cuda = process_group.device.type == "cuda"
+    assert built.strategy.compiled and built.strategy.cuda_graphs is (mode == "reduce-overhead" or on_cuda)
     batches = micro_batches(built, 4 * n_micro)
     assert_matches_reference(train_steps(built, batches), reference_steps(built, vla, batches, n_micro))
-    if mode == "reduce-overhead" and process_group.device.type == "cuda":
+    if on_cuda:
         assert counts["cudagraph_skips"] == skips_before
 
 

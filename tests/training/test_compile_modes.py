@@ -1,7 +1,7 @@
-"""`--vla.compile_mode`: how compiled blocks launch their kernels (inductor's Python wrapper, its C++ wrapper, or CUDA
-graphs). On CPU: each mode reaches `torch.compile` and trains the tiny LoRA model (DDP, FP32, the LIBERO presets'
-set-up) as the default mode does; CUDA graphs are refused where a replay would be wrong. The GPU side (graphs
-replayed, losses against the CPU reference) is tests/gpu/test_gpu_training.py's.
+"""`--vla.compile_mode`: how compiled blocks launch their kernels (one by one from inductor's Python wrapper, or
+replayed from CUDA graphs), and what `auto` picks. On CPU: each mode reaches `torch.compile` and trains the tiny LoRA
+model (DDP, FP32, the LIBERO presets' set-up) as the default mode does; CUDA graphs are refused where a replay would
+be wrong. The GPU side (graphs replayed, losses against the CPU reference) is tests/gpu/test_gpu_training.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models.builders import build_vlm as build_training_vlm
-from prismatic.training.strategies import base, check_cuda_graphs, get_train_strategy
+from prismatic.training.strategies import base, blocks_compile_mode, get_train_strategy
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
 
@@ -27,7 +27,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 def test_bad_compile_mode_is_refused_with_the_choices() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"Unknown compile_mode 'cudagraphs' \(--vla.compile_mode\)\..* Valid choices: default, cpp-wrapper, "
+        match=r"Unknown compile_mode 'cudagraphs' \(--vla.compile_mode\)\..* Valid choices: auto, default, "
         r"reduce-overhead\.",
     ):
         VLAConfig(compile_mode="cudagraphs")
@@ -41,24 +41,78 @@ def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None
     vla.use_lora, vla.compile, vla.compile_mode = True, "auto", "reduce-overhead"
     vla.per_device_batch_size, vla.global_batch_size = 4, 8
     with pytest.raises(ConfigError) as error:
-        check_cuda_graphs(vla, "fsdp-full-shard", 1, CUDA, "step")
+        blocks_compile_mode(vla, "fsdp-full-shard", 1, CUDA, "step")
     assert str(error.value) == (
         "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
         "(--vla.train_strategy ddp, or auto on one GPU) with gradients reduced after every micro-batch "
         "(--grad_sync auto or micro-batch), but the strategy is fsdp-full-shard, which frees and re-gathers the "
         "parameters every step and --grad_sync step keeps the gradients of 2 micro-batches in the graphs' memory "
-        "until the step ends. Use --vla.compile_mode cpp-wrapper or default, or DDP with --grad_sync auto."
+        "until the step ends. Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."
     )
     with pytest.raises(ConfigError, match=r"but --grad_sync step keeps the gradients of 2 micro-batches"):
-        check_cuda_graphs(vla, "ddp", 1, CUDA, "step")
+        blocks_compile_mode(vla, "ddp", 1, CUDA, "step")
     with pytest.raises(ConfigError, match=r"but the strategy is fsdp-shard-grad-op, which frees"):
-        check_cuda_graphs(vla, "fsdp-shard-grad-op", 1, CUDA, "auto")
+        blocks_compile_mode(vla, "fsdp-shard-grad-op", 1, CUDA, "auto")
     for grad_sync in ("auto", "micro-batch"):
-        check_cuda_graphs(vla, "ddp", 1, CUDA, grad_sync)
-    check_cuda_graphs(vla, "ddp", 2, CUDA, "step")  # 4 x 2 processes = 8: one micro-batch
-    check_cuda_graphs(vla, "fsdp-full-shard", 1, CPU, "step")  # `auto` compiles nothing on CPU
-    vla.compile_mode = "cpp-wrapper"
-    check_cuda_graphs(vla, "fsdp-full-shard", 1, CUDA, "step")
+        assert blocks_compile_mode(vla, "ddp", 1, CUDA, grad_sync) == "reduce-overhead"
+    assert (
+        blocks_compile_mode(vla, "ddp", 2, CUDA, "step") == "reduce-overhead"
+    )  # 4 x 2 processes: 1 micro-batch
+    assert (
+        blocks_compile_mode(vla, "fsdp-full-shard", 1, CPU, "step") is None
+    )  # `auto` compiles nothing on CPU
+    vla.compile_mode = "default"
+    assert blocks_compile_mode(vla, "fsdp-full-shard", 1, CUDA, "step") == "default"
+
+
+@pytest.mark.parametrize(
+    ("lora", "strategy", "device", "world", "grad_sync", "compile", "expected"),
+    [
+        (True, "ddp", CUDA, 1, "auto", "auto", "reduce-overhead"),  # the measured win: 7B LoRA on one GPU
+        (True, "ddp", CUDA, 1, "micro-batch", "auto", "reduce-overhead"),
+        (
+            True,
+            "ddp",
+            CUDA,
+            2,
+            "step",
+            "auto",
+            "reduce-overhead",
+        ),  # 4 x 2 processes: one micro-batch, no wait
+        (
+            True,
+            "ddp",
+            CUDA,
+            1,
+            "step",
+            "auto",
+            "default",
+        ),  # 2 micro-batches' gradients would wait in the graphs
+        (True, "fsdp-full-shard", CUDA, 1, "auto", "auto", "default"),  # parameters re-gathered every step
+        (True, "fsdp-shard-grad-op", CUDA, 2, "auto", "auto", "default"),
+        (False, "ddp", CUDA, 1, "auto", "auto", "default"),  # full fine-tunes: not timed from CUDA graphs
+        (False, "fsdp-full-shard", CUDA, 1, "auto", "auto", None),  # eager: measured slower compiled
+        (True, "ddp", CPU, 1, "auto", "auto", None),  # `auto` compiles nothing on CPU
+        (True, "ddp", CPU, 1, "auto", "on", "default"),  # no CUDA graphs without CUDA
+        (True, "ddp", CUDA, 1, "auto", "off", None),
+    ],
+)
+def test_auto_replays_cuda_graphs_for_lora_under_ddp_on_cuda(
+    lora: bool,
+    strategy: str,
+    device: torch.device,
+    world: int,
+    grad_sync: str,
+    compile: str,
+    expected: str | None,
+) -> None:
+    """`--vla.compile_mode auto` (the default) never refuses a run: it replays the blocks from CUDA graphs where that
+    was measured faster and is safe (LoRA, CUDA, DDP, every micro-batch's gradients reduced out of the graphs'
+    memory), launches them one by one where they compile otherwise, and is None where they stay eager."""
+    vla = get_vla_config(VLA)
+    vla.use_lora, vla.compile, vla.per_device_batch_size, vla.global_batch_size = lora, compile, 4, 8
+    assert vla.compile_mode == "auto"
+    assert blocks_compile_mode(vla, strategy, world, device, grad_sync) == expected
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, name: str, owner: Any) -> list[tuple[Any, dict[str, Any]]]:
@@ -76,8 +130,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, name: str, owner: Any) -> list[tuple[A
 
 
 def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`cpp-wrapper` launches the same kernels from C++: the default mode's losses exactly. `reduce-overhead`
-    reaches inductor (which, on CPU, skips the graphs and counts the skip), compiles each LLM layer with its
+    """`reduce-overhead` reaches inductor (which, on CPU, skips the graphs and counts the skip), compiles each LLM layer with its
     checkpoint wrapper (the recomputation inside the compiled backward), starts each step for the graphs and has
     DDP reduce every micro-batch's gradients (out of the graphs' memory): the default mode's losses, which reduce
     once per step, within FP32 tolerance (the wrapper compiled whole fuses differently)."""
@@ -88,12 +141,6 @@ def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: 
     torch.testing.assert_close(default, eager, rtol=1e-4, atol=1e-5)
 
     compiled = _spy(monkeypatch, "compile", torch)
-    cpp, strategy = lora_ddp_steps("on", "cpp-wrapper")
-    blocks = [kwargs for fn, kwargs in compiled if getattr(fn, "__name__", "") == "forward"]
-    assert blocks and all(kwargs == {"options": {"cpp_wrapper": True}} for kwargs in blocks)
-    assert cpp == default
-
-    compiled.clear()
     steps_begun = _spy(monkeypatch, "cudagraph_mark_step_begin", torch.compiler)
     torch._dynamo.utils.counters.clear()
     graphs, strategy = lora_ddp_steps("on", "reduce-overhead")
@@ -105,29 +152,32 @@ def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: 
         fn.__self__ for fn, _ in compiled if isinstance(getattr(fn, "__self__", None), CheckpointWrapper)
     ]
     assert wrapped_whole == list(layers)
+    blocks = [kwargs for fn, kwargs in compiled if getattr(fn, "__name__", "") == "forward"]
+    assert blocks and all(kwargs == {"mode": "reduce-overhead"} for kwargs in blocks)
     torch.testing.assert_close(graphs, default, rtol=1e-5, atol=1e-6)
 
 
 def test_a_mode_the_compiler_cannot_run_is_named_in_the_error(
     one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Set-up probes the compiler in the chosen mode (a C++ wrapper may not build where Python wrappers do): with
-    `--vla.compile on` its failure stops the run, naming the mode and the others."""
+    """Set-up probes the compiler in the chosen mode: with `--vla.compile on` its failure stops the run, naming the
+    mode and the one left to try."""
     probed: list[Any] = []
 
     def problem(device: torch.device, compile_kwargs: Any = None) -> str:
         probed.append(compile_kwargs)
-        return "CppCompileError: C++ compile error"
+        return "InductorError: no CUDA graphs here"
 
     monkeypatch.setattr(base, "compiler_problem", problem)
     vla = get_vla_config(VLA)
-    vla.compile, vla.compile_mode, vla.enable_mixed_precision_training = "on", "cpp-wrapper", False
+    vla.compile, vla.compile_mode, vla.enable_mixed_precision_training = "on", "reduce-overhead", False
+    vla.train_strategy = "ddp"
     vlm = build_training_vlm(vla, None)
     with pytest.raises(ConfigError) as error:
         get_train_strategy(vlm, vla, one_rank).setup(1)
-    assert probed == [{"options": {"cpp_wrapper": True}}]
+    assert probed == [{"mode": "reduce-overhead"}]
     assert str(error.value).startswith(
-        "--vla.compile on, but torch.compile (--vla.compile_mode cpp-wrapper) cannot run on cpu here "
-        "(CppCompileError: C++ compile error)."
+        "--vla.compile on, but torch.compile (--vla.compile_mode reduce-overhead) cannot run on cpu here "
+        "(InductorError: no CUDA graphs here)."
     )
-    assert str(error.value).endswith(", or another --vla.compile_mode (default, cpp-wrapper).")
+    assert str(error.value).endswith(", or --vla.compile_mode default.")

@@ -280,17 +280,27 @@ def test_batched_grad_copy_auto_is_on_on_cuda_where_torch_has_it(monkeypatch: py
 
 
 def test_compile_auto_compiles_where_it_was_measured_faster() -> None:
-    """`auto` compiles on CUDA for LoRA runs and for runs without activation checkpointing (both measured faster on
-    GPUs), not for a full fine-tune with checkpointing (measured slower there), and never on CPU; on / off force."""
+    """`auto` compiles on CUDA for LoRA runs, runs without activation checkpointing and full fine-tunes under DDP
+    (each measured faster on GPUs), not for a full fine-tune with checkpointing under FSDP2 (measured slower
+    there), and never on CPU; on / off force."""
     vla = get_vla_config(VLA)
-    expected_on_cuda = {(False, True): False, (False, False): True, (True, True): True, (True, False): True}
-    for (lora, checkpointing), on_cuda in expected_on_cuda.items():
+    # (LoRA, activation checkpointing, strategy) -> compiled on CUDA under auto
+    expected_on_cuda = {
+        (False, True, "fsdp-full-shard"): False,
+        (False, True, "fsdp-shard-grad-op"): False,
+        (False, True, "ddp"): True,
+        (False, False, "fsdp-full-shard"): True,
+        (True, True, "fsdp-full-shard"): True,
+        (True, False, "fsdp-full-shard"): True,
+        (True, True, "ddp"): True,
+    }
+    for (lora, checkpointing, strategy), on_cuda in expected_on_cuda.items():
         vla.use_lora, vla.enable_gradient_checkpointing, vla.compile = lora, checkpointing, "auto"
-        assert (vla.compiles(CPU), vla.compiles(CUDA)) == (False, on_cuda)
+        assert (vla.compiles(CPU, strategy), vla.compiles(CUDA, strategy)) == (False, on_cuda)
         vla.compile = "on"
-        assert (vla.compiles(CPU), vla.compiles(CUDA)) == (True, True)
+        assert (vla.compiles(CPU, strategy), vla.compiles(CUDA, strategy)) == (True, True)
         vla.compile = "off"
-        assert (vla.compiles(CPU), vla.compiles(CUDA)) == (False, False)
+        assert (vla.compiles(CPU, strategy), vla.compiles(CUDA, strategy)) == (False, False)
 
 
 def test_set_up_logs_what_each_speed_flag_resolved_to(
@@ -326,7 +336,9 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
         return run
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    monkeypatch.setattr(VLAConfig, "compiles", lambda self, device: True)  # as `auto` is for LoRA on CUDA
+    monkeypatch.setattr(
+        VLAConfig, "compiles", lambda self, device, strategy="": True
+    )  # as `auto` is for LoRA on CUDA
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
     vla.enable_mixed_precision_training = False
@@ -355,7 +367,7 @@ def _probe_on_two_ranks(rank: int, store: str, out: str, setting: str) -> None:
     os.environ["LOCAL_WORLD_SIZE"] = "2"  # one node of two ranks, as torchrun would say
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     base.compiler_problem = lambda device, *_: "RuntimeError: cc is not found." if rank == 1 else None
-    VLAConfig.compiles = lambda self, device: True  # as `auto` is for LoRA on CUDA
+    VLAConfig.compiles = lambda self, device, strategy="": True  # as `auto` is for LoRA on CUDA
     vla = get_vla_config(VLA)
     vla.compile, vla.enable_mixed_precision_training = setting, False
     strategy = get_train_strategy(_tiny()[0], vla, DistInfo(rank, rank, 2, 1, CPU))

@@ -3,8 +3,8 @@
 The names are read without torch (the config checks the flag while it parses); a class loads when it is built. A
 new strategy is its class plus one `TRAIN_STRATEGIES.register(name, "module:Class")` line; `cpu_offload=True`
 marks one that can keep parameters on the host (`--vla.cpu_offload`), `static_parameters=True` one whose
-parameters keep their storage between steps (`--vla.compile_mode reduce-overhead`). `auto` (the default) is no
-class: each run makes it one of them (`choose_train_strategy`).
+parameters keep their storage between steps (what CUDA graphs replay on: `--vla.compile_mode`). `auto` (the
+default) is no class: each run makes it one of them (`choose_train_strategy`).
 """
 
 from __future__ import annotations
@@ -52,21 +52,30 @@ def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any, ddp_fits
     return "ddp" if one_gpu and (vla.use_lora or ddp_fits) else "fsdp-full-shard"
 
 
-def check_cuda_graphs(
+def blocks_compile_mode(
     vla: VLAConfig, strategy: str, world_size: int, device: Any, grad_sync: str = "auto"
-) -> None:
-    """Refuse `--vla.compile_mode reduce-overhead` where replaying CUDA graphs would be wrong (where the blocks are
-    compiled at all). A replay writes its outputs where the previous one did, so it needs parameters that keep their
-    storage between steps (DDP's; FSDP2 frees and re-gathers them around every block) and gradients that leave the
-    graphs' memory within each micro-batch: DDP copies them into its buckets when it reduces them, which under
-    accumulation it does after every micro-batch (`--grad_sync auto` or `micro-batch`), not under `step`, where
-    they would wait in the graphs' memory for the next micro-batch's replay to overwrite.
+) -> str | None:
+    """How a run under `strategy` on `world_size` processes compiles its blocks: None where `--vla.compile` leaves
+    them eager (`VLAConfig.compiles`), else the `COMPILE_MODES` name of `--vla.compile_mode`.
+
+    `auto` replays the blocks from CUDA graphs (`reduce-overhead`) in LoRA runs on CUDA where replaying is safe
+    (below), and launches them one by one (`default`) elsewhere. On one H100 the 7B LoRA step with
+    `selective-ops` took 325-339 ms from CUDA graphs against 409-624 ms launched one by one (the host no longer
+    keeps the GPU waiting), for ~1 GB more reserved memory; in FP32 its losses and gradient norms equal the
+    launched ones' (docs/performance.md). Full fine-tunes were not timed from CUDA graphs, so `auto` leaves them as they were.
+
+    A replay writes its outputs where the previous one did, so it needs parameters that keep their storage between
+    steps (DDP's; FSDP2 frees and re-gathers them around every block) and gradients that leave the graphs' memory
+    within each micro-batch: DDP copies them into its buckets when it reduces them, which under accumulation it does
+    after every micro-batch (`--grad_sync auto` or `micro-batch`), not under `step`, where they would wait in the
+    graphs' memory for the next micro-batch's replay to overwrite.
 
     Raises:
-        ConfigError: naming what stands in the way and what works.
+        ConfigError: for an explicit `reduce-overhead` where replaying is not safe, naming what stands in the way
+            and what works.
     """
-    if vla.compile_mode != "reduce-overhead" or not vla.compiles(device):
-        return
+    if not vla.compiles(device, strategy):
+        return None
     problems = []
     if not TRAIN_STRATEGIES.fact(strategy, "static_parameters", False):
         problems.append(f"the strategy is {strategy}, which frees and re-gathers the parameters every step")
@@ -76,14 +85,18 @@ def check_cuda_graphs(
             f"--grad_sync step keeps the gradients of {accumulation} micro-batches in the graphs' memory until the "
             "step ends"
         )
-    if problems:
+    if vla.compile_mode == "auto":
+        cuda = getattr(device, "type", device) == "cuda"
+        return "reduce-overhead" if cuda and vla.use_lora and not problems else "default"
+    if vla.compile_mode == "reduce-overhead" and problems:
         raise ConfigError(
             "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
             "(--vla.train_strategy ddp, or auto on one GPU) with gradients reduced after every micro-batch "
             "(--grad_sync auto or micro-batch), but "
             + " and ".join(problems)
-            + ". Use --vla.compile_mode cpp-wrapper or default, or DDP with --grad_sync auto."
+            + ". Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."
         )
+    return vla.compile_mode
 
 
 def get_train_strategy(
@@ -96,7 +109,7 @@ def get_train_strategy(
 
     fits = vla.train_strategy == AUTO and full_fine_tune_fits(vlm, dist_info.device)
     name = choose_train_strategy(vla, dist_info.world_size, dist_info.device, fits)
-    check_cuda_graphs(vla, name, dist_info.world_size, dist_info.device, grad_sync)
+    compile_mode = blocks_compile_mode(vla, name, dist_info.world_size, dist_info.device, grad_sync)
     if vla.train_strategy == AUTO:
         logger.info(
             "--vla.train_strategy auto: %s (world size %d on %s)",
@@ -105,7 +118,7 @@ def get_train_strategy(
             dist_info.device,
         )
     strategy = TRAIN_STRATEGIES.get_class(name)
-    return strategy(vlm, vla, dist_info, grad_sync=grad_sync, sharding=sharding)
+    return strategy(vlm, vla, dist_info, grad_sync=grad_sync, sharding=sharding, compile_mode=compile_mode)
 
 
 __getattr__ = lazy_getattr(__name__, {"TrainingStrategy": "prismatic.training.strategies.base"})
@@ -114,7 +127,7 @@ __all__ = [
     "AUTO",
     "TRAIN_STRATEGIES",
     "TrainingStrategy",
-    "check_cuda_graphs",
+    "blocks_compile_mode",
     "choose_train_strategy",
     "get_train_strategy",
 ]

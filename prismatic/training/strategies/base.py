@@ -40,9 +40,13 @@ class TrainingStrategy(ABC):
         *,
         grad_sync: str = "auto",
         sharding: str = "auto",
+        compile_mode: str | None = None,
     ) -> None:
         self.vlm, self.vla, self.dist = vlm, vla, dist_info
         self.grad_sync, self.sharding = grad_sync, sharding
+        # How `setup` compiles the blocks (a `COMPILE_MODES` name), None: not at all. `get_train_strategy` resolves
+        # it from --vla.compile and --vla.compile_mode for this strategy and device (`blocks_compile_mode`).
+        self.compile_mode = compile_mode
         self.grad_accumulation_steps = vla.grad_accumulation_steps(dist_info.world_size)
         self.mixed_precision = vla.enable_mixed_precision_training and bf16_supported(dist_info.device)
         if vla.enable_mixed_precision_training and not self.mixed_precision:
@@ -59,8 +63,8 @@ class TrainingStrategy(ABC):
 
     @property
     def cuda_graphs(self) -> bool:
-        """Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode reduce-overhead`)."""
-        return self.compiled and self.vla.compile_mode == "reduce-overhead"
+        """Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode`'s `reduce-overhead`)."""
+        return self.compiled and self.compile_mode == "reduce-overhead"
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -86,13 +90,14 @@ class TrainingStrategy(ABC):
         device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
             apply_llm_activation_checkpointing(self.vlm, self.vla.checkpointing_policy)
-        compile_kwargs = COMPILE_MODES[self.vla.compile_mode]
-        self.compiled = self.vla.compiles(self.dist.device) and self._compiler_works(compile_kwargs)
+        if self.compile_mode is not None:
+            compile_kwargs = COMPILE_MODES[self.compile_mode]
+            self.compiled = self._compiler_works(compile_kwargs)
         if self.compiled:
             logger.info(
                 "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
                 "--vla.compile off trains without)",
-                self.vla.compile_mode,
+                self.compile_mode,
                 compile_blocks(self.vlm, compile_kwargs),
             )
         self.model = self.wrap_model()
@@ -133,7 +138,7 @@ class TrainingStrategy(ABC):
             optimizer_impl,
             "on" if vla.speed_option("logits_at_labels", device) else "off",
             "on" if self.causal_mask_only else "off",
-            (f"on ({vla.compile_mode})" if vla.compile_mode != "default" else "on")
+            (f"on ({self.compile_mode})" if self.compile_mode != "default" else "on")
             if self.compiled
             else "off",
             checkpointing,
@@ -157,14 +162,14 @@ class TrainingStrategy(ABC):
             return True
         rank, problem = found
         where = f"{device} here" if rank == self.dist.rank else f"rank {rank}'s {device.type} device"
-        mode = self.vla.compile_mode
+        mode = self.compile_mode
         compiler = "torch.compile" if mode == "default" else f"torch.compile (--vla.compile_mode {mode})"
         if self.vla.compile == "on":
             raise ConfigError(
                 f"--vla.compile on, but {compiler} cannot run on {where} ({problem}). Inductor needs a C "
                 "compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.compile off "
                 "to train without compiling (or auto to fall back by itself)"
-                + ("." if mode == "default" else ", or another --vla.compile_mode (default, cpp-wrapper).")
+                + ("." if mode == "default" else ", or --vla.compile_mode default.")
             )
         logger.warning(
             "%s cannot run on %s (%s): every rank trains without compiling the blocks, which is "

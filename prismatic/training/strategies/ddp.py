@@ -124,7 +124,7 @@ class DDPStrategy(TrainingStrategy):
         return self.model.no_sync()
 
     def choose_grad_sync(self) -> bool:
-        """`--grad_sync micro-batch`, or `auto` under CUDA graphs (`--vla.compile_mode reduce-overhead`): reducing
+        """`--grad_sync micro-batch`, or `auto` under CUDA graphs (`--vla.compile_mode`): reducing
         after every micro-batch has DDP copy each micro-batch's gradients out of the graphs' memory into its
         buckets, where the next micro-batch's replay cannot overwrite them (the same sums, one all-reduce per
         micro-batch); otherwise once per step (`no_sync`)."""
