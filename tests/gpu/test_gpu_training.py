@@ -113,8 +113,9 @@ def test_cpu_offload_step(cuda_device: torch.device, process_group: DistInfo) ->
 @pytest.mark.parametrize("copies", ["auto", "off"])
 def test_ddp_autocast_step_matches_cpu(process_group: DistInfo, copies: str) -> None:
     """DDP + bf16 autocast against the CPU reference, with DDP's gradient copies as `auto` makes them on CUDA (a
-    bucket at a time, where this torch has `batched_grad_copy`) and one by one."""
-    vla = tiny_vla(train_strategy="ddp", batched_grad_copy=copies)
+    bucket at a time, where this torch has `batched_grad_copy`) and one by one. Eager (`--vla.compile auto` compiles
+    a full fine-tune under DDP on CUDA): the hook that records the compute dtype is not traced into a graph."""
+    vla = tiny_vla(train_strategy="ddp", batched_grad_copy=copies, compile="off")
     built = build(vla, process_group, grad_sync="step")
     strategy = built.strategy
     assert type(strategy.model) is DistributedDataParallel and strategy.mixed_precision

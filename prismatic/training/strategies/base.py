@@ -93,13 +93,13 @@ class TrainingStrategy(ABC):
         if self.compile_mode is not None:
             compile_kwargs = COMPILE_MODES[self.compile_mode]
             self.compiled = self._compiler_works(compile_kwargs)
-        if self.compiled:
-            logger.info(
-                "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
-                "--vla.compile off trains without)",
-                self.compile_mode,
-                compile_blocks(self.vlm, compile_kwargs),
-            )
+            if self.compiled:
+                logger.info(
+                    "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
+                    "--vla.compile off trains without)",
+                    self.compile_mode,
+                    compile_blocks(self.vlm, compile_kwargs),
+                )
         self.model = self.wrap_model()
         self.model.train()  # every module, once (transformers' `from_pretrained` leaves its model in eval mode)
         self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
