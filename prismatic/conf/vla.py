@@ -132,16 +132,20 @@ class VLAConfig(ChoiceRegistry):
         value = getattr(self, name)
         return value == "on" or (value == "auto" and getattr(device, "type", device) == "cuda")
 
-    def compiles(self, device: Any, strategy: str = "") -> bool:
+    def compiles(self, device: Any, strategy: str) -> bool:
         """Whether `--vla.compile` compiles the blocks of a run on `device` under `strategy` (a registered name).
 
         `auto` compiles on CUDA where compiling was measured faster (docs/performance.md): LoRA runs (7B LoRA with
         activation checkpointing: 1.3-1.45x per step on an H200), runs without activation checkpointing (1B full
         fine-tune: 1.23x) and full fine-tunes under DDP (1B with checkpointing: 633 against 701 ms per step on an
-        H100). A full fine-tune with checkpointing under FSDP2 was slower compiled (1B: 728 against 662 ms), so it
-        stays eager there.
+        H100; the strategies registered with `compiles_full_fine_tune=True`). A full fine-tune with checkpointing
+        under FSDP2 was slower compiled (1B: 728 against 662 ms), so it stays eager there.
         """
-        measured_faster = self.use_lora or not self.enable_gradient_checkpointing or strategy == "ddp"
+        measured_faster = (
+            self.use_lora
+            or not self.enable_gradient_checkpointing
+            or TRAIN_STRATEGIES.fact(strategy, "compiles_full_fine_tune", False)
+        )
         return self.speed_option("compile", device) and (self.compile == "on" or measured_faster)
 
     def lora_settings(self) -> LoraSettings | None:

@@ -3,8 +3,9 @@
 The names are read without torch (the config checks the flag while it parses); a class loads when it is built. A
 new strategy is its class plus one `TRAIN_STRATEGIES.register(name, "module:Class")` line; `cpu_offload=True`
 marks one that can keep parameters on the host (`--vla.cpu_offload`), `static_parameters=True` one whose
-parameters keep their storage between steps (what CUDA graphs replay on: `--vla.compile_mode`). `auto` (the
-default) is no class: each run makes it one of them (`choose_train_strategy`).
+parameters keep their storage between steps (what CUDA graphs replay on: `--vla.compile_mode`),
+`compiles_full_fine_tune=True` one under which `--vla.compile auto` compiles full fine-tunes. `auto` (the default)
+is no class: each run makes it one of them (`choose_train_strategy`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ TRAIN_STRATEGIES.register(
     "fsdp-shard-grad-op", "prismatic.training.strategies.fsdp:FSDPShardGradOpStrategy", cpu_offload=True
 )
 # `static_parameters=True`: parameters keep their storage from step to step (what CUDA graphs replay on).
-TRAIN_STRATEGIES.register("ddp", "prismatic.training.strategies.ddp:DDPStrategy", static_parameters=True)
+# `compiles_full_fine_tune=True`: `--vla.compile auto` compiles its full fine-tunes too (measured faster: the ~1B
+# case with activation checkpointing, 633 against 701 ms per step on an H100).
+TRAIN_STRATEGIES.register(
+    "ddp",
+    "prismatic.training.strategies.ddp:DDPStrategy",
+    static_parameters=True,
+    compiles_full_fine_tune=True,
+)
 
 
 def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any, ddp_fits: bool) -> str:
