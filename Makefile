@@ -32,10 +32,11 @@ test: $(STAMP)
 	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile
 
 # The GPU suite (tests/gpu, marker `gpu`; `make test` skips it without CUDA): NCCL, FSDP2 + bf16 + accumulation vs
-# CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, the policy and server in bf16, 2 ranks when there are
-# 2 GPUs. On a GPU machine with torch but no venv: `make test-gpu PY=python3` (installs nothing). Each test's name
-# prints as it starts and ends, and one still running after 4 min has every thread's stack printed (the suite compiles
-# the tiny model several times on CUDA: 2.5 min on one H100 with a cold compile cache, 2026-11-27).
+# CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, validation under CUDA graphs, the policy and server in
+# bf16, 2 ranks when there are 2 GPUs. On a GPU machine with torch but no venv: `make test-gpu PY=python3` (installs
+# nothing). Each test's name prints as it starts and ends, and one still running after 4 min has every thread's stack
+# printed (the suite compiles the tiny model several times on CUDA: 2.5 min on one H100 with a cold compile cache,
+# 2026-11-27).
 PY ?= $(BIN)/python
 .PHONY: test-gpu
 test-gpu: $(if $(filter $(BIN)/python,$(PY)),$(STAMP))

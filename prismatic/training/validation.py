@@ -31,8 +31,9 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,88 +55,99 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _HeldOut:
-    """One dataset's held-out stream for this rank; `counted` False: run the forward passes, count nothing."""
+class HeldOut:
+    """One dataset's held-out frames for this rank, as the batch transform returns them (iterated again from the
+    first frame when a pass ends); `counted` False: run the forward passes, count nothing."""
 
     name: str
-    dataset: RLDSDataset
-    counted: bool
+    frames: Iterable[dict[str, Any]]
+    counted: bool = True
+
+
+def held_out_streams(
+    spec: StreamSpec, batch_transform: Callable[[dict[str, Any]], dict[str, Any]]
+) -> list[HeldOut]:
+    """This rank's held-out stream of every dataset of `spec`'s mixture present under its `data_root_dir`: the
+    training spec with the held-out split, unshuffled, unaugmented, starting at frame 0, so that held-out frames
+    look like training frames (resolution, chunk window, camera views, data options).
+
+    Raises:
+        ConfigError: from the pipeline (unknown mixture, missing data), or no dataset has held-out frames.
+    """
+    rank, world_size = spec.rank, spec.world_size
+    streams: list[HeldOut] = []
+    members = resolve_mixture_dirs(
+        spec.data_root_dir, spec.data_mix, skip_missing_datasets=spec.skip_missing_datasets
+    )
+    for config, _, dataset_dir in members:
+        builder = load_builder(dataset_dir)
+        split = split_name(builder, train=False)
+        num_trajectories = int(builder.info.splits[split].num_examples)
+        if num_trajectories == 0:
+            logger.warning(
+                "Dataset '%s' has no held-out trajectories (%s): not evaluated.", config.name, split
+            )
+            continue
+        # A split with fewer trajectories than ranks cannot be sharded: every rank reads all of it and only
+        # rank 0's frames count (the others still run their forward passes, which FSDP needs).
+        shared = num_trajectories < world_size
+        held_out_spec = dataclasses.replace(
+            spec,
+            data_mix=config.name,  # a registered dataset is a one-dataset mixture
+            shuffle_buffer_size=0,  # unused: held-out streams are not shuffled
+            train=False,
+            image_aug=False,
+            keep_raw_action=False,
+            rank=0 if shared else rank,
+            world_size=1 if shared else world_size,
+            start_sample=0,
+            skip_missing_datasets=False,
+            shuffle_buffer_ram_gb=None,
+            recompute_stats=False,
+        )
+        dataset = RLDSDataset(held_out_spec, batch_transform)
+        streams.append(HeldOut(config.name, dataset, counted=rank == 0 or not shared))
+    if not streams:
+        raise ConfigError(f"No dataset of mixture '{spec.data_mix}' has held-out frames to evaluate.")
+    return streams
 
 
 class Validator:
     """Held-out loss / action accuracy / L1, per dataset and overall; `run` is collective (see module docstring).
 
     Args:
-        spec: the training stream's spec: every dataset of its mixture present under its `data_root_dir` is
-            evaluated, on frames that look like training frames (resolution, chunk window, camera views, data
-            options); held-out streams are this spec with the held-out split, unshuffled, unaugmented, starting
-            at frame 0.
-        batch_transform: frame -> model inputs (`RLDSBatchTransform`), the training one.
+        held_out: each dataset's held-out frames on this rank (`held_out_streams`, or frames made in memory).
         collator: list of transformed frames -> batch (`PaddedCollatorForActionPrediction`).
         head: the action head training uses (its forward, sums and ratios).
         per_device_batch_size: frames per forward pass.
         num_batches: forward passes per rank per dataset, every run (the same on every rank).
         device: where the batches, the metric sums and the final all-reduce live.
+        world_size: the ranks that run it (their sums are all-reduced).
 
     Raises:
-        ValueError: `per_device_batch_size` or `num_batches` below 1.
-        ConfigError: from the pipeline (unknown mixture, missing data), or no dataset has held-out frames.
+        ValueError: `per_device_batch_size` or `num_batches` below 1, or no held-out stream.
     """
 
     def __init__(
         self,
-        spec: StreamSpec,
-        batch_transform: Callable[[dict[str, Any]], dict[str, Any]],
+        held_out: Sequence[HeldOut],
         collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
         head: ActionHead,
         *,
         per_device_batch_size: int,
         num_batches: int,
         device: torch.device | str = "cpu",
+        world_size: int = 1,
     ) -> None:
         if per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be >= 1, got {per_device_batch_size}.")
         if num_batches < 1:
             raise ValueError(f"num_batches must be >= 1, got {num_batches}.")
+        if not held_out:
+            raise ValueError("Validator needs at least one held-out stream.")
         self.collator, self.batch_size, self.num_batches = collator, per_device_batch_size, num_batches
-        self.head, self.device = head, torch.device(device)
-        rank, world_size = spec.rank, spec.world_size
-        self.world_size = world_size
-
-        self.held_out: list[_HeldOut] = []
-        members = resolve_mixture_dirs(
-            spec.data_root_dir, spec.data_mix, skip_missing_datasets=spec.skip_missing_datasets
-        )
-        for config, _, dataset_dir in members:
-            builder = load_builder(dataset_dir)
-            split = split_name(builder, train=False)
-            num_trajectories = int(builder.info.splits[split].num_examples)
-            if num_trajectories == 0:
-                logger.warning(
-                    "Dataset '%s' has no held-out trajectories (%s): not evaluated.", config.name, split
-                )
-                continue
-            # A split with fewer trajectories than ranks cannot be sharded: every rank reads all of it and only
-            # rank 0's frames count (the others still run their forward passes, which FSDP needs).
-            shared = num_trajectories < world_size
-            held_out_spec = dataclasses.replace(
-                spec,
-                data_mix=config.name,  # a registered dataset is a one-dataset mixture
-                shuffle_buffer_size=0,  # unused: held-out streams are not shuffled
-                train=False,
-                image_aug=False,
-                keep_raw_action=False,
-                rank=0 if shared else rank,
-                world_size=1 if shared else world_size,
-                start_sample=0,
-                skip_missing_datasets=False,
-                shuffle_buffer_ram_gb=None,
-                recompute_stats=False,
-            )
-            dataset = RLDSDataset(held_out_spec, batch_transform)
-            self.held_out.append(_HeldOut(config.name, dataset, counted=rank == 0 or not shared))
-        if not self.held_out:
-            raise ConfigError(f"No dataset of mixture '{spec.data_mix}' has held-out frames to evaluate.")
+        self.head, self.device, self.world_size = head, torch.device(device), world_size
+        self.held_out = list(held_out)
         self.dataset_names = [h.name for h in self.held_out]
         logger.info(
             "Validation: %d batches of %d held-out frames per rank on each of %s.",
@@ -144,16 +156,44 @@ class Validator:
             ", ".join(self.dataset_names),
         )
 
+    @classmethod
+    def from_spec(
+        cls,
+        spec: StreamSpec,
+        batch_transform: Callable[[dict[str, Any]], dict[str, Any]],
+        collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
+        head: ActionHead,
+        *,
+        per_device_batch_size: int,
+        num_batches: int,
+        device: torch.device | str = "cpu",
+    ) -> Validator:
+        """The validator of the training stream `spec`: every dataset of its mixture (`held_out_streams`), through
+        the training transform and collator, on `spec`'s ranks."""
+        streams = held_out_streams(spec, batch_transform)
+        return cls(
+            streams,
+            collator,
+            head,
+            per_device_batch_size=per_device_batch_size,
+            num_batches=num_batches,
+            device=device,
+            world_size=spec.world_size,
+        )
+
     @torch.no_grad()
     def run(
         self,
         model: torch.nn.Module,
         autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+        before_forward: Callable[[], None] | None = None,
     ) -> dict[str, float]:
         """Evaluate `model` (plain, DDP or FSDP2-wrapped) on every dataset's held-out frames; return the metrics.
 
         Collective: every rank runs `num_batches` forward passes per dataset, then one all-reduce (SUM) of the
-        sums. The model is put in eval mode and given back in the mode it came in.
+        sums. The model is put in eval mode and given back in the mode it came in. `before_forward` runs before
+        each forward pass (the strategy's `begin_step`: under CUDA graphs each pass is a step of its own, whose
+        replays may overwrite the last pass's outputs, already summed by then).
 
         Returns:
             {"val/loss", "val/action_accuracy", "val/l1_loss", "val/samples"} overall, and the same four under
@@ -172,6 +212,8 @@ class Validator:
                             k: v if k == "dataset_names" else _to_device(v, self.device)
                             for k, v in batch.items()
                         }
+                        if before_forward is not None:
+                            before_forward()
                         with autocast() if autocast is not None else contextlib.nullcontext():
                             output = self.head(model, batch, with_loss=False)
                         if held_out.counted:
@@ -184,6 +226,11 @@ class Validator:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         return _metrics(self.dataset_names, self.head, sums.cpu())
 
+    def for_strategy(self, strategy: TrainingStrategy) -> Callable[[], dict[str, float]]:
+        """`validate()` -> the held-out metrics of the model `strategy` trains, in its autocast, each forward pass
+        begun as the strategy begins a step (what the training loop calls)."""
+        return partial(self.run, strategy.model, strategy.autocast, strategy.begin_step)
+
 
 def build_validation(
     cfg: TrainConfig, data: TrainData, head: ActionHead, strategy: TrainingStrategy
@@ -193,7 +240,7 @@ def build_validation(
     and collator."""
     if cfg.eval.interval is None:
         return None
-    validator = Validator(
+    validator = Validator.from_spec(
         data.spec,
         data.batch_transform,
         data.collator,
@@ -202,14 +249,14 @@ def build_validation(
         num_batches=cfg.eval.num_batches,
         device=strategy.dist.device,
     )
-    return lambda: validator.run(strategy.model, autocast=strategy.autocast)
+    return validator.for_strategy(strategy)
 
 
-def _cycle(held_out: _HeldOut) -> Iterator[dict[str, Any]]:
+def _cycle(held_out: HeldOut) -> Iterator[dict[str, Any]]:
     """This rank's held-out frames, forever: the (deterministic) pass restarts from its first frame when it ends."""
     while True:
         empty = True
-        for frame in held_out.dataset:
+        for frame in held_out.frames:
             empty = False
             yield frame
         if empty:

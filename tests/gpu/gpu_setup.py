@@ -11,6 +11,7 @@ here, so each strategy's loss and gradient norm are checked against numbers its 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,27 +122,42 @@ class _NoCheckpoints:
         pass
 
 
-def train_steps(built: Built, batches: list[dict[str, Any]], start_step: int = 0) -> list[dict[str, float]]:
+def train_steps(
+    built: Built,
+    batches: list[dict[str, Any]],
+    start_step: int = 0,
+    validate: Callable[[], dict[str, float]] | None = None,
+) -> list[dict[str, float]]:
     """Run training's own `train_loop` over `batches` (all of them: len / micro-batches per step steps); returns
-    each step's logged metrics (`loss`: the mean over micro-batches, `grad_norm`: before clipping)."""
+    each step's logged metrics (`loss`: the mean over micro-batches, `grad_norm`: before clipping), with
+    `validate`'s after every step when given."""
     strategy = built.strategy
     n_micro = strategy.grad_accumulation_steps
     num_steps = len(batches) // n_micro
     recorder = _Recorder()
     metrics = StepMetrics([DATASET], built.head, strategy.dist.device)
+    eval_interval = None if validate is None else 1
     plan = LoopPlan(
-        start_step, start_step + num_steps, 10**9, MICRO_BATCH * n_micro, None, show_progress=False
+        start_step, start_step + num_steps, 10**9, MICRO_BATCH * n_micro, eval_interval, show_progress=False
     )
     counters = {"step": start_step, "epoch": 0, "frames": start_step * MICRO_BATCH * n_micro}
     with PreemptionHandler() as preemption:
-        hooks = LoopHooks(trackers=[recorder], checkpoints=_NoCheckpoints(), preemption=preemption)
+        hooks = LoopHooks([recorder], _NoCheckpoints(), preemption, validate)
         train_loop(strategy, built.head, iter(batches), metrics, plan, counters, hooks)
     return recorder.steps
 
 
-def reference_steps(built: Built, vla: VLAConfig, batches: list[dict[str, Any]], n_micro: int) -> list[dict]:
+def reference_steps(
+    built: Built,
+    vla: VLAConfig,
+    batches: list[dict[str, Any]],
+    n_micro: int,
+    held_out: list[dict[str, Any]] | None = None,
+) -> list[dict]:
     """The same steps on the CPU in FP32 without a wrapper: mean micro-batch loss, the gradient norm before
-    clipping (torch's `clip_grad_norm_`), then AdamW (`build_optimizer`: the same parameter groups) at the same LR."""
+    clipping (torch's `clip_grad_norm_`), then AdamW (`build_optimizer`: the same parameter groups) at the same LR.
+    With `held_out` batches (each with as many supervised tokens), also `val_loss` after each step: their mean
+    loss, in eval mode without gradients."""
     model, head = built.reference, built.head
     model.train()
     optimizer = build_optimizer(model, vla.learning_rate, vla.weight_decay)
@@ -157,6 +173,12 @@ def reference_steps(built: Built, vla: VLAConfig, batches: list[dict[str, Any]],
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         out.append({"loss": sum(losses) / len(losses), "grad_norm": norm.item()})
+        if held_out:
+            model.eval()
+            with torch.no_grad():
+                val_losses = [head(model, batch).loss.item() for batch in held_out]
+            model.train()
+            out[-1]["val_loss"] = sum(val_losses) / len(val_losses)
     return out
 
 

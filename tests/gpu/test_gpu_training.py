@@ -1,8 +1,8 @@
 """Training's CUDA paths on one GPU: NCCL, FSDP2 + bf16 + accumulation in both `--grad_sync` modes, CPU offload,
-DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`, and each `--vla.compile_mode`), a step's host
-syncs. Each step runs through `get_train_strategy(...).setup()` and training's own `train_loop` (or its
-`train_step`), and its loss and gradient norm are checked against the same steps on the CPU in FP32
-(`gpu_setup.reference_steps`).
+DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`, and each `--vla.compile_mode`), validation
+between steps replayed from CUDA graphs, a step's host syncs. Each step runs through
+`get_train_strategy(...).setup()` and training's own `train_loop` (or its `train_step`), and its loss and gradient
+norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
 
     make test-gpu                                            # on a GPU machine
     PRISMATIC_GPU_TESTS_ON_CPU=1 pytest -q tests/gpu        # the CPU-capable ones, here
@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from gpu_setup import (
     DATASET,
+    MICRO_BATCH,
     assert_matches_reference,
     build,
     local,
@@ -30,10 +31,16 @@ from torch.nn.parallel import DistributedDataParallel
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.strategies import ddp as ddp_strategy
 from prismatic.training.trainer import train_step
+from prismatic.training.validation import HeldOut, Validator
 from prismatic.util.dist import DistInfo
 from prismatic.util.kernel_profile import cuda_syncs
+from prismatic.vla.datasets.synthetic import synthetic_collator, synthetic_frames
 
 pytestmark = pytest.mark.gpu
+# FP32 on both sides (on CPU they agree to 1e-8). The untrained model's held-out loss moves 0.3 % per step, and
+# by as much if a batch's frames were counted wrongly: a looser bound would miss both.
+VAL_LOSS_RTOL = 1e-4
+HELD_OUT_SEED = 103  # synthetic held-out frames whose two batches pad to different lengths (29 and 38 tokens)
 
 
 def _record_compute_dtype(
@@ -183,6 +190,42 @@ def test_compile_modes_train_like_cpu(process_group: DistInfo, mode: str, policy
     assert built.strategy.compiled and built.strategy.cuda_graphs is (mode == "reduce-overhead" or on_cuda)
     batches = micro_batches(built, 4 * n_micro)
     assert_matches_reference(train_steps(built, batches), reference_steps(built, vla, batches, n_micro))
+    if on_cuda:
+        assert counts["cudagraph_skips"] == skips_before
+
+
+def test_validation_between_steps_matches_cpu(process_group: DistInfo) -> None:
+    """`--eval.interval` with the default `auto` on CUDA (LoRA under DDP: the blocks replay CUDA graphs). Validation
+    runs no-grad forwards through the same compiled blocks between training steps, so they record graphs of their
+    own, for held-out batches of two padded lengths, and training goes on replaying its own. FP32, three steps,
+    validation after each: every loss, gradient norm and held-out loss against the CPU reference."""
+    vla = tiny_vla(use_lora=True, train_strategy="ddp", compile="on", compile_mode="auto")
+    vla.enable_mixed_precision_training = False
+    vla.global_batch_size = vla.per_device_batch_size
+    counts = torch._dynamo.utils.counters["inductor"]
+    skips_before = counts["cudagraph_skips"]
+    built = build(vla, process_group)
+    on_cuda = process_group.device.type == "cuda"
+    assert built.strategy.cuda_graphs is on_cuda
+    frames = synthetic_frames(built.reference, built.head, 2 * MICRO_BATCH, seed=HELD_OUT_SEED)
+    collate = synthetic_collator(built.reference)
+    held_out = [collate(frames[:MICRO_BATCH]), collate(frames[MICRO_BATCH:])]
+    assert held_out[0]["input_ids"].shape[1] != held_out[1]["input_ids"].shape[1]  # two lengths to record
+    validator = Validator(
+        [HeldOut(DATASET, frames)],
+        collate,
+        built.head,
+        per_device_batch_size=MICRO_BATCH,
+        num_batches=2,
+        device=process_group.device,
+    )
+    batches = micro_batches(built, 3)
+    got = train_steps(built, batches, validate=validator.for_strategy(built.strategy))
+    want = reference_steps(built, vla, batches, n_micro=1, held_out=held_out)
+    assert_matches_reference(got, want)
+    for step, (g, w) in enumerate(zip(got, want, strict=True), start=1):
+        assert g["val/samples"] == 2 * MICRO_BATCH, (step, g)
+        assert abs(g["val/loss"] - w["val_loss"]) <= VAL_LOSS_RTOL * w["val_loss"], (step, g, w)
     if on_cuda:
         assert counts["cudagraph_skips"] == skips_before
 

@@ -80,7 +80,7 @@ def make_validator(
     from prismatic.training.validation import Validator
     from prismatic.vla.datasets import StreamSpec
 
-    return Validator(
+    return Validator.from_spec(
         StreamSpec(data_root, data_mix, parts["resize_resolution"], **spec_fields),
         parts["batch_transform"],
         parts["collator"],

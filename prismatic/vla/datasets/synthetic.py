@@ -43,10 +43,11 @@ def synthetic_frame(
     }
 
 
-def synthetic_batch(
-    vlm: PrismaticVLM, head: ActionHead, batch_size: int, seed: int = 0, image_size: int = 224
-) -> dict[str, Any]:
-    """A collated training batch of `batch_size` synthetic frames for `vlm` and `head` (host tensors)."""
+def synthetic_frames(
+    vlm: PrismaticVLM, head: ActionHead, count: int, seed: int = 0, image_size: int = 224
+) -> list[dict[str, Any]]:
+    """`count` synthetic frames for `vlm` and `head` through training's batch transform (host tensors): what the
+    collator takes."""
     spec = head.spec
     transform = RLDSBatchTransform(
         head.action_tokenizer,
@@ -57,13 +58,23 @@ def synthetic_batch(
         views=views_for(spec.num_images),
         use_proprio=bool(spec.proprio_dim),
     )
-    collate = PaddedCollatorForActionPrediction(
-        vlm.llm_backbone.tokenizer.model_max_length, vlm.llm_backbone.tokenizer.pad_token_id
-    )
     rng = np.random.default_rng(seed)
     action_shape = (spec.chunk_size, spec.action_dim) if head.chunked else (spec.action_dim,)
-    frames = [
-        synthetic_frame(rng, action_shape, spec.proprio_dim or 8, image_size) for _ in range(batch_size)
-    ]
+    frames = [synthetic_frame(rng, action_shape, spec.proprio_dim or 8, image_size) for _ in range(count)]
     with torch.device("cpu"):  # host tensors, as the loader makes them, whatever the default device
-        return collate([transform(frame) for frame in frames])
+        return [transform(frame) for frame in frames]
+
+
+def synthetic_collator(vlm: PrismaticVLM) -> PaddedCollatorForActionPrediction:
+    """Training's collator for `vlm`'s tokenizer (right padding to the longest sequence)."""
+    tokenizer = vlm.llm_backbone.tokenizer
+    return PaddedCollatorForActionPrediction(tokenizer.model_max_length, tokenizer.pad_token_id)
+
+
+def synthetic_batch(
+    vlm: PrismaticVLM, head: ActionHead, batch_size: int, seed: int = 0, image_size: int = 224
+) -> dict[str, Any]:
+    """A collated training batch of `batch_size` synthetic frames for `vlm` and `head` (host tensors)."""
+    frames = synthetic_frames(vlm, head, batch_size, seed, image_size)
+    with torch.device("cpu"):
+        return synthetic_collator(vlm)(frames)
