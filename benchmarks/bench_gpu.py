@@ -333,12 +333,15 @@ class SyntheticBatches(IterableDataset):
     """Endless collated batches from the project's transform and collator, made when asked for (seeds cycle
     through 0-3, so every variant trains on the same 4 batches)."""
 
-    def __init__(self, vlm: PrismaticVLM, head: Any, batch_size: int) -> None:
-        self.vlm, self.head, self.batch_size = vlm, head, batch_size
+    def __init__(self, vlm: PrismaticVLM, head: Any, batch_size: int, pad_to_multiple: int) -> None:
+        self.vlm, self.head, self.batch_size, self.pad_to_multiple = vlm, head, batch_size, pad_to_multiple
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for i in itertools.count():
-            yield synthetic_batch(self.vlm, self.head, self.batch_size, seed=i % CYCLED_BATCHES)
+            seed = i % CYCLED_BATCHES
+            yield synthetic_batch(
+                self.vlm, self.head, self.batch_size, seed, pad_to_multiple=self.pad_to_multiple
+            )
 
 
 # ATen ops that launch no kernel besides views (`OpOverload.is_view`): allocation, reshapes that copy nothing
@@ -388,14 +391,13 @@ def run_training_case(
     head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
     head.logits_at_labels = vla.speed_option("logits_at_labels", device)
     _, _, live = parse_variant(variant)
-    # The loader training uses (pinning on CUDA) over batches made when due; or 4 batches made once, cycled.
-    loader = DataLoader(
-        SyntheticBatches(vlm, head, case.batch), batch_size=None, pin_memory=device.type == "cuda"
-    )
+    strategy = get_train_strategy(vlm, vla, dist_info, grad_sync="auto")
+    # The loader training uses (pinning on CUDA) over batches made when due; or 4 batches made once, cycled. Their
+    # lengths are rounded up as training rounds them (`strategy.pad_to_multiple`).
+    batch_maker = SyntheticBatches(vlm, head, case.batch, strategy.pad_to_multiple)
+    loader = DataLoader(batch_maker, batch_size=None, pin_memory=device.type == "cuda")
     batches = list(itertools.islice(iter(loader), CYCLED_BATCHES))
     flops_per_sample = model_flops_per_sample(vlm, batches[0])
-
-    strategy = get_train_strategy(vlm, vla, dist_info, grad_sync="auto")
     strategy.setup(vla.max_steps)
     inductor_counts = torch._dynamo.utils.counters["inductor"]
     skips_before = inductor_counts["cudagraph_skips"]
@@ -453,6 +455,7 @@ def run_training_case(
         "case": case.name,
         "variant": variant,
         "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: on a GPU for the LoRA cases)
+        "pad_to_multiple": strategy.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
         "ms_per_step": round(step_s * 1e3, 1),
         "samples_per_s": round(samples_per_s, 2),
         "model_tflops": float(f"{tflops:.4g}"),

@@ -122,6 +122,7 @@ class VLAConfig(ChoiceRegistry):
     compile_mode: str = "auto"  # compiled blocks' launches: auto, default, reduce-overhead (CUDA graphs)
     overlap_steps: str = field(default="auto", metadata=SWITCH)  # read metrics after queuing the next step
     batched_grad_copy: str = field(default="auto", metadata=SWITCH)  # DDP: copies gradients per bucket
+    pad_to_multiple: int | None = None  # batch lengths rounded up to it; null: 8 under CUDA graphs, else 1
 
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
@@ -230,6 +231,12 @@ class VLAConfig(ChoiceRegistry):
             raise ConfigError(
                 f"--vla.num_steps_before_decay={self.num_steps_before_decay} is out of range: it must be an integer "
                 ">= 1 (optimiser steps at the peak learning rate before step-decay divides it by 10)."
+            )
+        if self.pad_to_multiple is not None and self.pad_to_multiple < 1:
+            raise ConfigError(
+                f"--vla.pad_to_multiple={self.pad_to_multiple} is out of range: it must be an integer >= 1 (each "
+                "batch's token length is rounded up to a multiple of it; 1 pads to the longest sequence only), or "
+                "null for the default (8 where the compiled blocks replay CUDA graphs, else 1)."
             )
         if self.lr_scheduler_type == "step-decay" and self.num_steps_before_decay is None:
             raise ConfigError(

@@ -61,9 +61,9 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
 
     vlm = build_vlm(cfg.vla, cfg.resolve_hf_token())
     head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info), dist_info.device)
-    data = build_train_data(cfg, vlm, head, dist_info)
-    check_resume_before_end(resume, data.num_training_steps)
     strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
+    data = build_train_data(cfg, vlm, head, dist_info, pad_to_multiple=strategy.pad_to_multiple)
+    check_resume_before_end(resume, data.num_training_steps)
     strategy.setup(data.num_training_steps)
     checkpointer = build_checkpointer(cfg, run, strategy, data.dataset, resume)
     checkpointer.restore(resume, cfg.pretrained_checkpoint)

@@ -91,8 +91,13 @@ def build(vla: VLAConfig, info: DistInfo, grad_sync: str = "auto", seed: int = 0
 
 
 def micro_batches(built: Built, count: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`count` collated host batches of synthetic frames (seeds `seed`, `seed + 1`, ...)."""
-    return [synthetic_batch(built.reference, built.head, MICRO_BATCH, seed=seed + i) for i in range(count)]
+    """`count` collated host batches of synthetic frames (seeds `seed`, `seed + 1`, ...), their lengths rounded up
+    as training rounds them for this strategy (`pad_to_multiple`: 8 under CUDA graphs)."""
+    multiple = built.strategy.pad_to_multiple
+    return [
+        synthetic_batch(built.reference, built.head, MICRO_BATCH, seed=seed + i, pad_to_multiple=multiple)
+        for i in range(count)
+    ]
 
 
 class _Recorder:

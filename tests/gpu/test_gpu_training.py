@@ -40,7 +40,9 @@ pytestmark = pytest.mark.gpu
 # FP32 on both sides (on CPU they agree to 1e-8). The untrained model's held-out loss moves 0.3 % per step, and
 # by as much if a batch's frames were counted wrongly: a looser bound would miss both.
 VAL_LOSS_RTOL = 1e-4
-HELD_OUT_SEED = 103  # synthetic held-out frames whose two batches pad to different lengths (29 and 38 tokens)
+HELD_OUT_SEED = (
+    103  # held-out frames whose two batches pad to different lengths (29 and 38 tokens; 32 and 40)
+)
 
 
 def _record_compute_dtype(
@@ -208,7 +210,7 @@ def test_validation_between_steps_matches_cpu(process_group: DistInfo) -> None:
     on_cuda = process_group.device.type == "cuda"
     assert built.strategy.cuda_graphs is on_cuda
     frames = synthetic_frames(built.reference, built.head, 2 * MICRO_BATCH, seed=HELD_OUT_SEED)
-    collate = synthetic_collator(built.reference)
+    collate = synthetic_collator(built.reference, built.strategy.pad_to_multiple)  # training's: 8 on CUDA
     held_out = [collate(frames[:MICRO_BATCH]), collate(frames[MICRO_BATCH:])]
     assert held_out[0]["input_ids"].shape[1] != held_out[1]["input_ids"].shape[1]  # two lengths to record
     validator = Validator(

@@ -31,7 +31,7 @@ from prismatic.models.builders import attach_action_head
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import compiler_problem
 from prismatic.training.optim import adamw_implementation, build_optimizer
-from prismatic.training.strategies import base, ddp, get_train_strategy
+from prismatic.training.strategies import TRAIN_STRATEGIES, base, ddp, get_train_strategy
 from prismatic.training.strategies.base import is_right_padded
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
@@ -133,6 +133,56 @@ def test_causal_mask_only_drops_right_padding_alone_and_keeps_the_outputs(one_ra
         masked, unmasked = head(vlm, batch), head(vlm, moved)
     torch.testing.assert_close(unmasked.loss, masked.loss, rtol=1e-6, atol=0)
     torch.testing.assert_close(unmasked.sums, masked.sums, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("head_name", ["tokens", "l1-chunk"])
+@pytest.mark.parametrize("drop_mask", [False, True])
+def test_lengths_rounded_up_keep_the_loss_and_gradients(head_name: str, drop_mask: bool) -> None:
+    """`--vla.pad_to_multiple` (8 under CUDA graphs): the same frames padded to the longest sequence, and to that
+    length rounded up to a multiple of 16, give the same loss, metric sums and gradients within FP32 tolerance, with
+    the padding mask or without it (`causal_mask_only`): the extra positions carry ignored labels and come after
+    every real token."""
+    spec = (
+        ActionSpec(action_dim=7)
+        if head_name == "tokens"
+        else ActionSpec("l1-chunk", chunk_size=4, action_dim=7)
+    )
+    vlm, head = _tiny(spec)
+    outputs = []
+    for multiple in (1, 16):
+        batch = synthetic_batch(vlm, head, 4, pad_to_multiple=multiple)
+        if drop_mask and multiple > 1:
+            batch["attention_mask"] = None
+        vlm.zero_grad(set_to_none=True)
+        out = head(vlm, batch)
+        out.loss.backward()
+        grads = {name: p.grad.clone() for name, p in vlm.named_parameters() if p.grad is not None}
+        outputs.append((batch["input_ids"].shape[1], out, grads))
+    (short, plain, plain_grads), (long, padded, padded_grads) = outputs
+    assert long % 16 == 0 and long > short  # really padded further
+    torch.testing.assert_close(padded.loss, plain.loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(padded.sums, plain.sums, rtol=1e-5, atol=1e-6)
+    assert padded_grads.keys() == plain_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(padded_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_lengths_round_up_to_8_where_the_blocks_replay_cuda_graphs(one_rank: DistInfo) -> None:
+    """`--vla.pad_to_multiple` null (the default) resolves to 8 where the blocks are to replay CUDA graphs and to 1
+    (the longest sequence only, OpenVLA's padding) everywhere else; a value given is kept."""
+    vlm, _ = _tiny()
+    vla = get_vla_config(VLA)
+    assert vla.pad_to_multiple is None
+    ddp_strategy = TRAIN_STRATEGIES.get_class("ddp")
+    for compile_mode, expected in (("reduce-overhead", 8), ("default", 1), (None, 1)):
+        assert ddp_strategy(vlm, vla, one_rank, compile_mode=compile_mode).pad_to_multiple == expected
+    vla.pad_to_multiple = 3
+    assert ddp_strategy(vlm, vla, one_rank, compile_mode="reduce-overhead").pad_to_multiple == 3
+    assert get_train_strategy(vlm, vla, one_rank).pad_to_multiple == 3
+    with pytest.raises(
+        ConfigError, match=r"--vla.pad_to_multiple=0 is out of range: it must be an integer >= 1"
+    ):
+        VLAConfig(pad_to_multiple=0)
 
 
 @pytest.mark.parametrize("implementation", ["fused", "foreach", "for-loop"])
@@ -317,6 +367,13 @@ def test_set_up_logs_what_each_speed_flag_resolved_to(
         "compiled blocks off, activation checkpointing every-2, prefetched batches 3, steps overlapped off "
         "(docs/performance.md)."
     ) in caplog.text
+    vla.pad_to_multiple = 8
+    with caplog.at_level(logging.INFO):
+        get_train_strategy(_tiny()[0], vla, one_rank).setup(1)
+    assert (
+        "steps overlapped off, batch lengths rounded up to a multiple of 8 (docs/performance.md)."
+        in caplog.text
+    )
 
 
 def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(

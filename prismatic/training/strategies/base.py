@@ -30,6 +30,11 @@ from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+# Blocks replayed from CUDA graphs record a graph for every batch length they meet (torch warns past 8 and suggests
+# padding to a few shapes). Rounding lengths up to a multiple of 8 bounds them: a mixture whose batches span 40 token
+# lengths records at most 6, for 3.5 more tokens per sample on average (~1.2 % of a 7B step's ~290).
+CUDA_GRAPH_LENGTH_MULTIPLE = 8
+
 
 class TrainingStrategy(ABC):
     def __init__(
@@ -65,6 +70,16 @@ class TrainingStrategy(ABC):
     def cuda_graphs(self) -> bool:
         """Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode`'s `reduce-overhead`)."""
         return self.compiled and self.compile_mode == "reduce-overhead"
+
+    @property
+    def pad_to_multiple(self) -> int:
+        """The multiple each batch's token length is rounded up to (the collator's `pad_to_multiple_of`):
+        `--vla.pad_to_multiple`, or where that is null `CUDA_GRAPH_LENGTH_MULTIPLE` if the blocks are to replay CUDA
+        graphs, else 1. Padding changes nothing beyond float rounding: its labels are ignored and causal attention
+        keeps it from every real token."""
+        if self.vla.pad_to_multiple is not None:
+            return self.vla.pad_to_multiple
+        return CUDA_GRAPH_LENGTH_MULTIPLE if self.compile_mode == "reduce-overhead" else 1
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -132,7 +147,7 @@ class TrainingStrategy(ABC):
         checkpointing = vla.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
         logger.info(
             "Speed flags on %s: AdamW %s, LM head only at labels (tokens head) %s, padding mask dropped %s, "
-            "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s%s "
+            "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s%s%s "
             "(docs/performance.md).",
             device.type,
             optimizer_impl,
@@ -144,6 +159,9 @@ class TrainingStrategy(ABC):
             checkpointing,
             vla.prefetch_batches,
             "on" if vla.speed_option("overlap_steps", device) else "off",
+            f", batch lengths rounded up to a multiple of {self.pad_to_multiple}"
+            if self.pad_to_multiple > 1
+            else "",
             self.speed_flags(),
         )
 

@@ -58,9 +58,12 @@ class TrainData:
     num_training_steps: int
 
 
-def build_train_data(cfg: TrainConfig, vlm: PrismaticVLM, head: ActionHead, dist_info: DistInfo) -> TrainData:
+def build_train_data(
+    cfg: TrainConfig, vlm: PrismaticVLM, head: ActionHead, dist_info: DistInfo, *, pad_to_multiple: int = 1
+) -> TrainData:
     """This rank's stream: frames resized for `vlm`'s vision backbone, laid out by `head` (its chunk of future
-    actions and camera views), shuffled and sharded by rank, batched per device."""
+    actions and camera views), shuffled and sharded by rank, batched per device, each batch's token length rounded
+    up to a multiple of `pad_to_multiple` (the strategy's: `TrainingStrategy.pad_to_multiple`)."""
     tokenizer = vlm.llm_backbone.tokenizer
     views = views_for(cfg.vla.num_images)
     batch_transform = RLDSBatchTransform(
@@ -101,7 +104,9 @@ def build_train_data(cfg: TrainConfig, vlm: PrismaticVLM, head: ActionHead, dist
         tokenizer.model_max_length,
         vlm.llm_backbone.llm.config.max_position_embeddings - vlm.num_prefix_tokens,
     )
-    collator = PaddedCollatorForActionPrediction(max_length, tokenizer.pad_token_id)
+    collator = PaddedCollatorForActionPrediction(
+        max_length, tokenizer.pad_token_id, pad_to_multiple_of=pad_to_multiple
+    )
     loader = DataLoader(
         dataset,
         batch_size=cfg.vla.per_device_batch_size,

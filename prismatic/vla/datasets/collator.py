@@ -1,7 +1,9 @@
 """Batch collation for VLA training: pad token sequences, stack images, keep the continuous actions.
 
 Sequences are padded to the longest in the batch (`input_ids` with the pad id, `labels` with `IGNORE_INDEX`, so
-padding never enters the loss) and then cut to `model_max_length`. `pixel_values` are stacked whether the
+padding never enters the loss), that length rounded up to a multiple of `pad_to_multiple_of` (1: not rounded), and
+then cut to `model_max_length`. Rounding bounds the distinct batch shapes: blocks replayed from CUDA graphs record a
+graph per shape. `pixel_values` are stacked whether the
 vision backbone's transform returns one tensor or a dict of tensors (fused backbones such as DINO + SigLIP).
 """
 
@@ -34,12 +36,15 @@ class PaddedCollatorForActionPrediction:
     model_max_length: int
     pad_token_id: int
     padding_side: str = "right"
+    pad_to_multiple_of: int = 1
 
     def __post_init__(self) -> None:
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got '{self.padding_side}'.")
         if self.model_max_length < 1:
             raise ValueError(f"model_max_length must be >= 1, got {self.model_max_length}.")
+        if self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {self.pad_to_multiple_of}.")
 
     def _pad(self, sequences: Sequence[torch.Tensor], value: int, length: int) -> torch.Tensor:
         out = torch.full((len(sequences), length), value, dtype=torch.long)
@@ -53,7 +58,8 @@ class PaddedCollatorForActionPrediction:
     def __call__(self, instances: Sequence[dict[str, Any]]) -> dict[str, Any]:
         input_ids = [torch.as_tensor(x["input_ids"], dtype=torch.long) for x in instances]
         labels = [torch.as_tensor(x["labels"], dtype=torch.long) for x in instances]
-        length = max(len(ids) for ids in input_ids)
+        longest, multiple = max(len(ids) for ids in input_ids), self.pad_to_multiple_of
+        length = -(-longest // multiple) * multiple
 
         batch_input_ids = self._pad(input_ids, self.pad_token_id, length)
         batch_labels = self._pad(labels, IGNORE_INDEX, length)

@@ -65,16 +65,24 @@ def synthetic_frames(
         return [transform(frame) for frame in frames]
 
 
-def synthetic_collator(vlm: PrismaticVLM) -> PaddedCollatorForActionPrediction:
-    """Training's collator for `vlm`'s tokenizer (right padding to the longest sequence)."""
+def synthetic_collator(vlm: PrismaticVLM, pad_to_multiple: int = 1) -> PaddedCollatorForActionPrediction:
+    """Training's collator for `vlm`'s tokenizer (right padding to the longest sequence, its length rounded up to a
+    multiple of `pad_to_multiple`)."""
     tokenizer = vlm.llm_backbone.tokenizer
-    return PaddedCollatorForActionPrediction(tokenizer.model_max_length, tokenizer.pad_token_id)
+    return PaddedCollatorForActionPrediction(
+        tokenizer.model_max_length, tokenizer.pad_token_id, pad_to_multiple_of=pad_to_multiple
+    )
 
 
 def synthetic_batch(
-    vlm: PrismaticVLM, head: ActionHead, batch_size: int, seed: int = 0, image_size: int = 224
+    vlm: PrismaticVLM,
+    head: ActionHead,
+    batch_size: int,
+    seed: int = 0,
+    image_size: int = 224,
+    pad_to_multiple: int = 1,
 ) -> dict[str, Any]:
     """A collated training batch of `batch_size` synthetic frames for `vlm` and `head` (host tensors)."""
     frames = synthetic_frames(vlm, head, batch_size, seed, image_size)
     with torch.device("cpu"):
-        return synthetic_collator(vlm)(frames)
+        return synthetic_collator(vlm, pad_to_multiple)(frames)
