@@ -3,8 +3,8 @@
 Sequences are padded to the longest in the batch (`input_ids` with the pad id, `labels` with `IGNORE_INDEX`, so
 padding never enters the loss), that length rounded up to a multiple of `pad_to_multiple_of` (1: not rounded), and
 then cut to `model_max_length`. Rounding bounds the distinct batch shapes: blocks replayed from CUDA graphs record a
-graph per shape. `pixel_values` are stacked whether the
-vision backbone's transform returns one tensor or a dict of tensors (fused backbones such as DINO + SigLIP).
+graph per shape. `pixel_values` are stacked whether the vision backbone's transform returns one tensor or a dict of
+tensors (fused backbones such as DINO + SigLIP).
 """
 
 from __future__ import annotations
