@@ -33,7 +33,6 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -228,8 +227,9 @@ class Validator:
 
     def for_strategy(self, strategy: TrainingStrategy) -> Callable[[], dict[str, float]]:
         """`validate()` -> the held-out metrics of the model `strategy` trains, in its autocast, each forward pass
-        begun as the strategy begins a step (what the training loop calls)."""
-        return partial(self.run, strategy.model, strategy.autocast, strategy.begin_step)
+        begun as the strategy begins a step (what the training loop calls). The model is read at each call, as the
+        strategy holds it then."""
+        return lambda: self.run(strategy.model, strategy.autocast, strategy.begin_step)
 
 
 def build_validation(
