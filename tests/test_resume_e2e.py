@@ -271,8 +271,9 @@ def test_two_nodes_on_one_machine_train_save_and_resume(full_run: Path, toy_data
 
 
 def test_a_lora_run_resumes_across_ddp_and_fsdp2_bit_for_bit(toy_data_root: Path, tmp_path: Path):
-    """`--vla.train_strategy auto` trains a LoRA run on one GPU under DDP and the same run on several GPUs under
-    FSDP2, so a checkpoint moves between the two (and an FSDP2 checkpoint from before `auto` resumes under DDP).
+    """`--vla.train_strategy auto` trains a LoRA run on GPUs under DDP where DDP fits every GPU and under FSDP2
+    where it does not (and trained it under FSDP2 before `auto`, or on several GPUs before 2026-11-28), so a
+    checkpoint moves between the two.
     One process, FP32: DDP 3 steps (the reference); resumed from step 1 under FSDP2, then from step 2 under DDP,
     the curve is the reference's, `==`."""
     one = ["--vla.expected_world_size", "1", "--vla.per_device_batch_size", "16"]

@@ -59,8 +59,8 @@ def _check_device_flags(cfg: TrainConfig, world: int) -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     check_cpu_offload(cfg.vla.cpu_offload, device)
-    # Assuming a full fine-tune fits under DDP: that choice needs the model's size.
-    strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=True)
+    # Assuming DDP fits (that choice needs the model's size): a flag DDP alone takes is then checked at set-up.
+    strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=lambda: True, sharding=cfg.sharding)
     blocks_compile_mode(cfg.vla, strategy, world, device, cfg.grad_sync)
     batched_grad_copy(cfg.vla, device)
 

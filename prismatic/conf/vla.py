@@ -92,8 +92,8 @@ class VLAConfig(ChoiceRegistry):
     warmup_ratio: float = 0.0  # fraction of steps spent warming up, in [0, 1) (warmup schedules only)
     # step-decay (OpenVLA-OFT's MultiStepLR): the peak LR for this many optimiser steps, then a tenth of it.
     num_steps_before_decay: int | None = None  # >= 1; read by step-decay only
-    # auto: ddp on one CUDA GPU for LoRA, and for a full fine-tune where DDP's memory fits (measured faster
-    # there), else fsdp-full-shard (OpenVLA's choice).
+    # auto: on CUDA GPUs, ddp for LoRA where DDP's memory fits (as OpenVLA's LoRA fine-tuning; measured faster on
+    # one GPU) and for a full fine-tune on one GPU where it fits, else fsdp-full-shard (OpenVLA's choice).
     train_strategy: str = "auto"  # auto, fsdp-full-shard, fsdp-shard-grad-op or ddp
 
     # LoRA (peft): train low-rank adapters instead of the weights, through the same loop and strategies. The
@@ -363,7 +363,7 @@ register_vla(
     max_grad_norm=1.0,
     lr_scheduler_type="constant",
     warmup_ratio=0.0,
-    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except on one GPU where DDP fits: ddp (choose_train_strategy)
+    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except where DDP fits (choose_train_strategy)
 )
 register_vla("siglip-224px-icy+mx-bridge", "siglip-224px+mx-bridge", freeze_vision_backbone=True)
 register_vla(

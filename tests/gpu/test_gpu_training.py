@@ -152,7 +152,7 @@ def test_auto_trains_under_ddp_on_one_gpu_and_under_fsdp2_where_ddp_would_not_fi
     lora = build(tiny_vla(use_lora=True, compile="off"), process_group).strategy
     full = build(tiny_vla(compile="off"), process_group).strategy
     assert type(lora.model) is DistributedDataParallel and type(full.model) is DistributedDataParallel
-    monkeypatch.setattr(ddp_strategy, "FULL_FINE_TUNE_PEAK_REPLICAS", 10**9)
+    monkeypatch.setattr(ddp_strategy, "DDP_PEAK_REPLICAS", 10**9)
     assert isinstance(build(tiny_vla(compile="off"), process_group).strategy.model, FSDPModule)
 
 

@@ -34,7 +34,7 @@ from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.lora import LoraSettings, apply_lora
 from prismatic.training.strategies import choose_train_strategy, get_train_strategy
-from prismatic.training.strategies.ddp import full_fine_tune_fits
+from prismatic.training.strategies.ddp import ddp_fits
 from prismatic.util.dist import DistInfo
 from prismatic.vla.action_tokenizer import ActionTokenizer
 from prismatic.vla.datasets.synthetic import synthetic_batch
@@ -131,49 +131,91 @@ def test_ddp_builds_distributed_data_parallel_around_the_model(one_rank: DistInf
 
 
 @pytest.mark.parametrize(
-    ("use_lora", "world_size", "device", "cpu_offload", "ddp_fits", "chosen"),
+    ("use_lora", "world_size", "device", "cpu_offload", "sharding", "ddp_fits", "chosen"),
     [
-        (True, 1, "cuda", False, False, "ddp"),  # 7B LoRA on an H100: 549-562 against 687 ms a step
+        (True, 1, "cuda", False, "auto", False, "ddp"),  # 7B LoRA on an H100: 549-562 against 687 ms a step
+        (True, 1, "cuda", False, "full", False, "ddp"),  # on one GPU FSDP2 shards nothing: DDP needs no more
         (
             False,
             1,
             "cuda",
             False,
+            "auto",
             True,
             "ddp",
-        ),  # ~1B full fine-tune on an H100: 613-653 against 1,491-1,581 ms
-        (False, 1, "cuda", False, False, "fsdp-full-shard"),  # a full fine-tune DDP's memory would not fit
-        (True, 1, "cpu", False, True, "fsdp-full-shard"),  # CPU runs stay as they were
-        (True, 2, "cuda", False, True, "fsdp-full-shard"),  # several GPUs: OpenVLA's choice
-        (False, 2, "cuda", False, True, "fsdp-full-shard"),
-        (True, 1, "cuda", True, True, "fsdp-full-shard"),  # offload is FSDP2's
+        ),  # ~1B full fine-tune on an H100: 613-653 against 1,491 ms
+        (False, 1, "cuda", False, "auto", False, "fsdp-full-shard"),  # a full fine-tune DDP would not fit
+        (True, 1, "cpu", False, "auto", True, "fsdp-full-shard"),  # CPU runs stay as they were
+        (True, 2, "cpu", False, "auto", True, "fsdp-full-shard"),
+        (True, 8, "cuda", False, "auto", True, "ddp"),  # LoRA on several GPUs: OpenVLA's finetune.py (DDP)
+        (True, 16, "cuda", False, "auto", False, "fsdp-full-shard"),  # ... unless a replica would not fit
+        (True, 8, "cuda", False, "full", True, "fsdp-full-shard"),  # a named sharding asks for FSDP2
+        (True, 16, "cuda", False, "hybrid", True, "fsdp-full-shard"),
+        (
+            False,
+            2,
+            "cuda",
+            False,
+            "auto",
+            True,
+            "fsdp-full-shard",
+        ),  # full fine-tunes: OpenVLA's train.py (FSDP)
+        (True, 1, "cuda", True, "auto", True, "fsdp-full-shard"),  # offload is FSDP2's
+        (True, 8, "cuda", True, "auto", True, "fsdp-full-shard"),
     ],
 )
-def test_auto_strategy_is_ddp_only_on_one_gpu(
-    use_lora: bool, world_size: int, device: str, cpu_offload: bool, ddp_fits: bool, chosen: str
+def test_auto_strategy_is_ddp_for_lora_on_gpus_and_for_a_full_fine_tune_on_one(
+    use_lora: bool,
+    world_size: int,
+    device: str,
+    cpu_offload: bool,
+    sharding: str,
+    ddp_fits: bool,
+    chosen: str,
 ) -> None:
     vla = get_vla_config(VLA)
     assert vla.train_strategy == "auto"
     vla.use_lora, vla.cpu_offload = use_lora, cpu_offload
-    assert choose_train_strategy(vla, world_size, torch.device(device), ddp_fits) == chosen
+    asked: list[bool] = []
+
+    def fits() -> bool:
+        asked.append(ddp_fits)
+        return ddp_fits
+
+    assert choose_train_strategy(vla, world_size, torch.device(device), fits, sharding) == chosen
+    # The memory check (collective on several ranks) runs only where it decides: LoRA on one GPU needs none.
+    decides = (
+        device == "cuda"
+        and not cpu_offload
+        and ((world_size == 1 and not use_lora) or (world_size > 1 and use_lora and sharding == "auto"))
+    )
+    assert asked == ([ddp_fits] if decides else [])
     vla.train_strategy = "fsdp-shard-grad-op"  # a named strategy is kept whatever the run
-    assert choose_train_strategy(vla, world_size, torch.device(device), ddp_fits) == "fsdp-shard-grad-op"
+    assert (
+        choose_train_strategy(vla, world_size, torch.device(device), fits, sharding) == "fsdp-shard-grad-op"
+    )
 
 
-def test_a_full_fine_tune_fits_ddp_when_two_replicas_fit_the_free_memory(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_ddp_fits_when_two_replicas_fit_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replica is the weights plus an FP32 gradient and two AdamW moments per trainable parameter: a 10 x 10
-    Linear's 110 FP32 parameters take 110 x 4 x 4 = 1,760 bytes, so DDP is expected to fit in 3,520 free bytes."""
+    Linear's 110 FP32 parameters take 110 x 4 x 4 = 1,760 bytes, so DDP is expected to fit in 3,520 free bytes.
+    Under mixed precision DDP stores frozen weights in bf16, so they count 2 bytes each."""
     model = torch.nn.Linear(10, 10)
     free = {"bytes": 3_520}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 10**12))
-    assert full_fine_tune_fits(model, torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    gpu = torch.device("cuda", 0)
+    assert ddp_fits(model, False, gpu) and ddp_fits(model, True, gpu)  # nothing frozen: bf16 changes nothing
     free["bytes"] = 3_519
-    assert not full_fine_tune_fits(model, torch.device("cuda", 0))
+    assert not ddp_fits(model, False, gpu) and not ddp_fits(model, True, gpu)
     model.bias.requires_grad_(False)  # a frozen bias: its 40 bytes of weights, no gradient or moments
-    assert full_fine_tune_fits(model, torch.device("cuda", 0))  # 2 x (440 + 100 x 12) = 3,280 bytes
-    assert not full_fine_tune_fits(model, torch.device("cpu"))  # off CUDA: never (CPU runs keep FSDP2)
+    free["bytes"] = 2 * (440 + 100 * 12)  # 3,280
+    assert ddp_fits(model, False, gpu)
+    free["bytes"] = 2 * (400 + 10 * 2 + 100 * 12)  # 3,240: the frozen bias in bf16
+    assert ddp_fits(model, True, gpu) and not ddp_fits(model, False, gpu)
+    free["bytes"] -= 1
+    assert not ddp_fits(model, True, gpu)
+    assert not ddp_fits(model, True, torch.device("cpu"))  # off CUDA: never (CPU runs keep FSDP2)
 
 
 def test_auto_weighs_a_full_fine_tune_against_the_gpus_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -428,8 +470,27 @@ def _worker(out_dir: Path) -> None:
         strategy = _built(strategy_id, DistInfo(rank, 0 if nodes > 1 else rank, world, nodes, CPU), sharding)
         results[case] = describe_fsdp(strategy.model)
         dist.barrier()
+    results["lora-auto"] = _lora_auto_on_stand_in_gpus(rank, world)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+def _lora_auto_on_stand_in_gpus(rank: int, world: int) -> dict[str, str]:
+    """What `auto` picks for a LoRA run on two stand-in GPUs (the memory query answered per rank, no GPU touched):
+    with room for DDP on both ranks, and with room on rank 0 alone (a 10 x 10 Linear: two replicas are 3,520
+    bytes)."""
+    vla = get_vla_config(VLA)
+    vla.use_lora, vla.enable_mixed_precision_training = True, False
+    model, gpu = torch.nn.Linear(10, 10), torch.device("cuda", 0)
+    real = torch.cuda.mem_get_info
+    picked = {}
+    try:
+        for case, free in (("room-on-both", (3_520, 3_520)), ("room-on-rank-0", (3_520, 3_519))):
+            torch.cuda.mem_get_info = lambda device, free=free: (free[rank], 10**12)
+            picked[case] = choose_train_strategy(vla, world, gpu, lambda: ddp_fits(model, False, gpu))
+    finally:
+        torch.cuda.mem_get_info = real
+    return picked
 
 
 @pytest.fixture(scope="module")
@@ -470,6 +531,15 @@ def test_full_sharding_spans_both_ranks_on_one_dimension(two_ranks: list[dict[st
         assert built["placements"] == ["Shard"]
         assert built["local_rows"] * 2 == built["rows"]
         assert built["reshard"] == ["reshard"]
+
+
+def test_auto_picks_ddp_for_lora_on_several_gpus_only_where_every_rank_has_room(
+    two_ranks: list[dict[str, Any]],
+) -> None:
+    """The ranks agree: one rank short of memory sends both to FSDP2 (a rank alone under DDP would hang the other
+    in its first collective)."""
+    for results in two_ranks:
+        assert results["lora-auto"] == {"room-on-both": "ddp", "room-on-rank-0": "fsdp-full-shard"}
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ is no class: each run makes it one of them (`choose_train_strategy`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prismatic.util.errors import ConfigError
@@ -43,21 +44,33 @@ TRAIN_STRATEGIES.register(
 )
 
 
-def choose_train_strategy(vla: VLAConfig, world_size: int, device: Any, ddp_fits: bool) -> str:
+def choose_train_strategy(
+    vla: VLAConfig, world_size: int, device: Any, ddp_fits: Callable[[], bool], sharding: str = "auto"
+) -> str:
     """The strategy a run with `vla` uses on `world_size` processes on `device`: `vla.train_strategy`, or for
-    `auto`, `ddp` when the run is one process on one CUDA GPU without CPU offload and either trains LoRA adapters
-    or is a full fine-tune that `ddp_fits` (`ddp.full_fine_tune_fits`), and `fsdp-full-shard` (OpenVLA's) otherwise.
+    `auto`, on CUDA GPUs without CPU offload:
+    - one GPU: `ddp` for a LoRA run, and for a full fine-tune where `ddp_fits()`;
+    - several GPUs (nodes): `ddp` for a LoRA run where `ddp_fits()` and `--sharding` is `auto`, as OpenVLA's LoRA
+      fine-tuning does (`vla-scripts/finetune.py` wraps its bf16 model in DDP on any number of GPUs); a full
+      fine-tune keeps `fsdp-full-shard`, as OpenVLA's `vla-scripts/train.py`;
+    and `fsdp-full-shard` everywhere else: CPU runs, CPU offload, a named `--sharding` (`full`, `hybrid`).
 
-    On a group of one, FSDP2 shards nothing but still copies every parameter it gathers and runs the optimizer on
-    DTensors; DDP computes on the weights in place. On one H100 (docs/performance.md) a 7B LoRA step took 549-562
-    ms under DDP against 687 under FSDP2 at the same peak memory, and a ~1B full fine-tune step 613-653 ms against
-    1,491-1,581, for 29 % more peak memory (autocast's bf16 weight copies). A 7B full fine-tune does not fit one GPU
-    under DDP and stays on FSDP2. CPU offload needs FSDP2; CPU runs stay as they were.
+    `ddp_fits` (`ddp.ddp_fits`: DDP's expected peak fits every rank's free memory; collective) is called only where
+    the choice depends on it, which every rank decides alike. On a group of one, FSDP2 shards nothing but still
+    copies every parameter it gathers and runs the optimizer on DTensors; DDP computes on the weights in place. On
+    one H100 (docs/performance.md) a 7B LoRA step took 549-562 ms under DDP against 687 under FSDP2 at the same peak
+    memory (325-339 ms replayed from CUDA graphs, which need DDP), and a ~1B full fine-tune step 613-653 ms against
+    1,491-1,581 for 29 % more peak memory. On several GPUs FSDP2 also all-gathers every frozen weight before each
+    layer's forward and again before its backward (for 7B LoRA, 2 x 15.1 GB of bf16 a step on every GPU), where DDP
+    all-reduces the adapters' gradients (0.43 GB of FP32), for a replica of 16.8 GB per GPU instead of a shard.
     """
     if vla.train_strategy != AUTO:
         return vla.train_strategy
-    one_gpu = world_size == 1 and getattr(device, "type", device) == "cuda" and not vla.cpu_offload
-    return "ddp" if one_gpu and (vla.use_lora or ddp_fits) else "fsdp-full-shard"
+    if getattr(device, "type", device) != "cuda" or vla.cpu_offload:
+        return "fsdp-full-shard"
+    if world_size == 1:
+        return "ddp" if vla.use_lora or ddp_fits() else "fsdp-full-shard"
+    return "ddp" if vla.use_lora and sharding == "auto" and ddp_fits() else "fsdp-full-shard"
 
 
 def blocks_compile_mode(
@@ -99,7 +112,7 @@ def blocks_compile_mode(
     if vla.compile_mode == "reduce-overhead" and problems:
         raise ConfigError(
             "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
-            "(--vla.train_strategy ddp, or auto on one GPU) with gradients reduced after every micro-batch "
+            "(--vla.train_strategy ddp, or auto for LoRA on GPUs) with gradients reduced after every micro-batch "
             "(--grad_sync auto or micro-batch), but "
             + " and ".join(problems)
             + ". Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."
@@ -113,10 +126,12 @@ def get_train_strategy(
     """The strategy `vla.train_strategy` names (`auto`: `choose_train_strategy`'s), built for `vlm` (a ConfigError
     listing the names when unknown)."""
     # lazy: the registry's names are read without torch
-    from prismatic.training.strategies.ddp import full_fine_tune_fits
+    from prismatic.training.strategies.ddp import ddp_fits
 
-    fits = vla.train_strategy == AUTO and full_fine_tune_fits(vlm, dist_info.device)
-    name = choose_train_strategy(vla, dist_info.world_size, dist_info.device, fits)
+    def fits() -> bool:
+        return ddp_fits(vlm, vla.enable_mixed_precision_training, dist_info.device)
+
+    name = choose_train_strategy(vla, dist_info.world_size, dist_info.device, fits, sharding)
     compile_mode = blocks_compile_mode(vla, name, dist_info.world_size, dist_info.device, grad_sync)
     if vla.train_strategy == AUTO:
         logger.info(

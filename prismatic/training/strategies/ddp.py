@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -23,9 +24,12 @@ from torch.nn.parallel import DistributedDataParallel
 from prismatic.conf.vla import VLAConfig
 from prismatic.models.distributed_init import materialize_from_rank0
 from prismatic.models.lora import keep_lora_input_dtype
-from prismatic.models.parallelize import cast_frozen_params_to_bf16
+from prismatic.models.parallelize import bf16_supported, cast_frozen_params_to_bf16
 from prismatic.training.strategies.base import TrainingStrategy
+from prismatic.util.dist import first_over_ranks
 from prismatic.util.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 FP32_BYTES = 4
 # The buffers (rotary tables) are rank 0's after `materialize_from_rank0` and training never changes them, so DDP's
@@ -44,26 +48,44 @@ NO_FORWARD_BUFFER_SYNC = (
 HAS_BATCHED_GRAD_COPY = "batched_grad_copy" in inspect.signature(DistributedDataParallel).parameters
 
 
-def replica_bytes(model: torch.nn.Module) -> int:
-    """Bytes DDP keeps on every device: all parameters in their dtype, and for the trainable ones an FP32
-    gradient and AdamW's two FP32 moments (activations not included). Works on the meta device."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+def replica_bytes(model: torch.nn.Module, frozen_dtype: torch.dtype | None = None) -> int:
+    """Bytes DDP keeps on every device: all parameters in their dtype (frozen floating-point ones in `frozen_dtype`
+    where given: DDP stores them in bf16 under mixed precision, `cast_frozen_params_to_bf16`), and for the trainable
+    ones an FP32 gradient and AdamW's two FP32 moments (activations not included). Works on the meta device."""
+    weights = trainable = 0
+    for p in model.parameters():
+        frozen_cast = frozen_dtype is not None and not p.requires_grad and p.is_floating_point()
+        weights += p.numel() * (frozen_dtype.itemsize if frozen_cast else p.element_size())
+        trainable += p.numel() if p.requires_grad else 0
     return weights + 3 * FP32_BYTES * trainable
 
 
-# DDP's peak memory in a full fine-tune, in replicas (`replica_bytes`): the ~1B full fine-tune (1.21B trainable
-# parameters, batch 16, activation checkpointing) peaked at 36.7 GB on one H100 with a 19.5 GB replica (2026-11-27).
-FULL_FINE_TUNE_PEAK_REPLICAS = 2
+# DDP's peak memory, in replicas (`replica_bytes`, frozen weights as DDP stores them), on one H100 at batch 16 with
+# activation checkpointing (2026-11-27): the ~1B full fine-tune peaked at 36.7 GB with a 19.4 GB replica (1.9),
+# the 7B LoRA run (r32) at 26.6 GB with a 16.8 GB replica (1.6).
+DDP_PEAK_REPLICAS = 2
 
 
-def full_fine_tune_fits(model: torch.nn.Module, device: torch.device) -> bool:
-    """Whether a full fine-tune of `model` under DDP is expected to fit `device`'s free memory (its measured peak,
-    `FULL_FINE_TUNE_PEAK_REPLICAS` replicas): where `--vla.train_strategy auto` trains one on one GPU under DDP.
-    A ~1B model fits an 80 GB card; a 7B one (a 120 GB replica) fits none. False off CUDA."""
-    if device.type != "cuda":
-        return False
-    return FULL_FINE_TUNE_PEAK_REPLICAS * replica_bytes(model) <= torch.cuda.mem_get_info(device)[0]
+def ddp_fits(model: torch.nn.Module, mixed_precision: bool, device: torch.device) -> bool:
+    """Whether DDP's expected peak (`DDP_PEAK_REPLICAS` replicas, frozen weights in bf16 under `mixed_precision`)
+    fits the free memory of `device` on every rank: where `--vla.train_strategy auto` may pick DDP. A ~1B full
+    fine-tune or a 7B LoRA run fits an 80 GB card; a 7B full fine-tune (a 120 GB replica) fits none. False off
+    CUDA. Collective (the ranks must agree on the strategy): call it on every rank."""
+    short = None
+    if device.type == "cuda":
+        frozen = torch.bfloat16 if mixed_precision and bf16_supported(device) else None
+        need, free = DDP_PEAK_REPLICAS * replica_bytes(model, frozen), torch.cuda.mem_get_info(device)[0]
+        if need > free:
+            short = (
+                f"DDP's expected peak, {need / 1e9:.1f} GB, exceeds the {free / 1e9:.1f} GB free on {device}"
+            )
+    else:
+        short = f"{device} is not a CUDA GPU"
+    found = first_over_ranks(short)
+    if found is not None and device.type == "cuda":
+        rank, reason = found
+        logger.info("--vla.train_strategy auto: not DDP: on rank %d, %s.", rank, reason)
+    return found is None
 
 
 def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
@@ -77,7 +99,7 @@ def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
     need, free = replica_bytes(model), torch.cuda.mem_get_info(device)[0]
     if need > free:
         raise ConfigError(
-            "DDP (--vla.train_strategy ddp, or auto on one GPU) keeps a full replica of the model "
+            "DDP (--vla.train_strategy ddp, or auto for LoRA on GPUs) keeps a full replica of the model "
             f"on every GPU: {need / 1e9:.1f} GB of weights, FP32 gradients and AdamW moments, but {device} has "
             f"{free / 1e9:.1f} GB free. Use "
             "--vla.train_strategy fsdp-full-shard (shards all of it over the GPUs), or train LoRA adapters "
