@@ -7,8 +7,9 @@ Run (tiny preset, 2 CPU processes, toy data):
 Continue it (after a crash, a preemption or Ctrl-C) from its newest complete checkpoint: the same command plus
     --resume                       (or --resume runs/demo/checkpoints/step-000040-epoch-01 for that one)
 
-Exit codes: 0 done; 2 a mistake in the flags or data (one paragraph says which); 143 / 130 stopped by SIGTERM /
-SIGINT after saving a checkpoint (resume with --resume); 70 a worker whose torchrun died.
+Exit codes: 0 done; 2 a mistake in the flags or data, or a GPU out of memory (one paragraph says which and what
+to change); 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (resume with --resume); 70 a worker
+whose torchrun died.
 `--help` lists every flag; `--config_path file.yaml` reads them from a file (see configs/).
 """
 

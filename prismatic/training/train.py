@@ -25,6 +25,7 @@ from prismatic.models.hf_openvla import export_hf_openvla
 from prismatic.models.loading import load_vla, spec_of
 from prismatic.training.checkpointing import build_checkpointer
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.out_of_memory import explain_out_of_memory
 from prismatic.training.preemption import Preempted, PreemptionHandler, exit_code
 from prismatic.training.profiling import build_profiler
 from prismatic.training.run_folder import RunFolder, check_resume_before_end, config_to_dict
@@ -64,9 +65,10 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
     data = build_train_data(cfg, vlm, head, dist_info, pad_to_multiple=strategy.pad_to_multiple)
     check_resume_before_end(resume, data.num_training_steps)
-    strategy.setup(data.num_training_steps)
-    checkpointer = build_checkpointer(cfg, run, strategy, data.dataset, resume)
-    checkpointer.restore(resume, cfg.pretrained_checkpoint)
+    with explain_out_of_memory(cfg.vla, strategy, lambda: "while setting up"):
+        strategy.setup(data.num_training_steps)
+        checkpointer = build_checkpointer(cfg, run, strategy, data.dataset, resume)
+        checkpointer.restore(resume, cfg.pretrained_checkpoint)
     if dist_info.is_main:
         run.write_run_files(cfg, resume, head.spec.to_dict())
         save_dataset_statistics(data.dataset.dataset_statistics, run.path)
@@ -97,6 +99,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         with (
             PreemptionHandler() as preemption,
             prefetched(data.loader, cfg.vla.prefetch_batches, dist_info.device) as batches,
+            explain_out_of_memory(cfg.vla, strategy, partial(_after_step, checkpointer.counters)),
         ):
             logger.info(
                 "Training steps %d to %d (SIGTERM or Ctrl-C: finish the step, save a checkpoint, exit)",
@@ -133,6 +136,11 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         log_summary(run, data.num_training_steps, last)
     destroy_distributed()
     return last
+
+
+def _after_step(counters: dict[str, int]) -> str:
+    """Where in the loop the run is, for an error: after its last completed step."""
+    return f"after step {counters['step']}" if counters["step"] else "in its first step"
 
 
 def seed_everything(seed: int) -> None:

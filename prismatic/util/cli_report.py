@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import ParamSpec
 
-from prismatic.util.errors import ConfigError
+from prismatic.util.errors import ConfigError, RankError
 
 P = ParamSpec("P")
 
@@ -43,13 +43,15 @@ def record_error_for_torchrun(message: str, details: str) -> None:
 
 def report_user_error(error: ConfigError) -> None:
     """Print `error` as `error: <one paragraph>` on stderr, once per node (local rank 0; every rank of a torchrun
-    job meets the same config error), and record it on every rank for torchrun's failure summary."""
+    job meets the same config error) or, for a `RankError`, on the rank that met it, and record it on every rank
+    for torchrun's failure summary."""
     message = one_paragraph(str(error))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if local_rank == 0:
+    own = isinstance(error, RankError)
+    if local_rank == 0 or own:
         print(f"error: {message}", file=sys.stderr, flush=True)
-    record_error_for_torchrun(f"ConfigError: {message}", f"error: {message}")
-    if local_rank != 0:
+    record_error_for_torchrun(f"{type(error).__name__}: {message}", f"error: {message}")
+    if local_rank != 0 and not own:
         # torchrun stops every rank as soon as one exits: a rank that met the mistake first (a loaded machine)
         # would otherwise end the job before local rank 0 has printed it. Rank 0's exit ends this wait.
         time.sleep(NONZERO_RANK_EXIT_DELAY_S)

@@ -17,6 +17,11 @@ class ConfigError(ValueError):
     """Bad user input (config value, path, id). The message names the bad value and the valid choices."""
 
 
+class RankError(ConfigError):
+    """A `ConfigError` a rank may meet alone (its GPU ran out of memory at the run's batch size): every rank that
+    meets it reports it, where a plain `ConfigError` (the same on every rank) is printed once per node."""
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean 'x'?' for the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)

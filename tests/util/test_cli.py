@@ -17,7 +17,7 @@ from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.training.run_folder import config_to_dict
 from prismatic.util import cli_report
 from prismatic.util.cli import config_flags, entry_point, field_docs, format_help, parse_config
-from prismatic.util.errors import ConfigError
+from prismatic.util.errors import ConfigError, RankError
 
 
 @dataclass
@@ -249,6 +249,28 @@ def test_entry_point_reports_one_paragraph_and_records_it_for_torchrun(
         main()
     assert capsys.readouterr().err == "" and error_file.is_file()
     assert slept == [cli_report.NONZERO_RANK_EXIT_DELAY_S]
+
+
+def test_a_rank_error_is_printed_by_the_rank_that_met_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `RankError` (one GPU out of memory) may happen on local rank 1 alone: it prints there, without waiting."""
+
+    @entry_point
+    def main() -> int:
+        raise RankError("Rank 1 ran out of GPU memory\n with 2 steps done.")
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    slept: list[float] = []
+    monkeypatch.setattr(cli_report.time, "sleep", slept.append)
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2 and slept == []
+    assert capsys.readouterr().err == "error: Rank 1 ran out of GPU memory with 2 steps done.\n"
+    recorded = json.loads(error_file.read_text())["message"]
+    assert recorded["message"] == "RankError: Rank 1 ran out of GPU memory with 2 steps done."
 
 
 def test_entry_point_keeps_a_bugs_traceback_and_records_it(
