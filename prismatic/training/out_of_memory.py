@@ -21,7 +21,7 @@ def out_of_memory_message(
     torch_message: str, rank: int, where: str, vla: VLAConfig, strategy: str, world: int, cuda_graphs: bool
 ) -> str:
     """The paragraph for an out-of-memory error torch raised with `torch_message` on `rank`, `where` ("while
-    setting up", "with 3 steps done"), in a run of `world` ranks under `strategy` (a registered name; its blocks
+    setting up", "after step 3"), in a run of `world` ranks under `strategy` (a registered name; its blocks
     replayed from CUDA graphs or not): what the run trained with and each flag that would lower its peak."""
     ddp = strategy == "ddp"
     chosen = " (chosen by --vla.train_strategy auto)" if vla.train_strategy == AUTO else ""

@@ -61,8 +61,9 @@ def choose_train_strategy(
     one H100 (docs/performance.md) a 7B LoRA step took 549-562 ms under DDP against 687 under FSDP2 at the same peak
     memory (325-339 ms replayed from CUDA graphs, which need DDP), and a ~1B full fine-tune step 613-653 ms against
     1,491-1,581 for 29 % more peak memory. On several GPUs FSDP2 also all-gathers every frozen weight before each
-    layer's forward and again before its backward (for 7B LoRA, 2 x 15.1 GB of bf16 a step on every GPU), where DDP
-    all-reduces the adapters' gradients (0.43 GB of FP32), for a replica of 16.8 GB per GPU instead of a shard.
+    layer's forward and again before its backward (7B LoRA on 8 GPUs: 2 x 13.2 GB of bf16 received per GPU a
+    step), where DDP all-reduces the adapters' gradients (0.43 GB of FP32), for a replica of 16.8 GB per GPU
+    instead of a shard. (Several GPUs have not been timed.)
     """
     if vla.train_strategy != AUTO:
         return vla.train_strategy
