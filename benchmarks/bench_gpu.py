@@ -13,6 +13,9 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
         --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
     python benchmarks/bench_gpu.py --cases lora-7b --variants new --profile 2 --profile_dir traces
                                                      # where a step's time goes: GPU idle, kernels by kind
+    torchrun --standalone --nproc-per-node 8 benchmarks/bench_gpu.py --cases lora-7b full-1b --variants new new+fsdp
+                                                     # 8 GPUs, a rank each: what `auto` picks (LoRA: DDP) against
+                                                     # FSDP2; rank 0 prints, samples/s over all ranks, MFU per GPU
 
 Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token for
 modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against the
@@ -84,7 +87,7 @@ from prismatic.training.metrics import StepMetrics  # noqa: E402
 from prismatic.training.preemption import PreemptionHandler  # noqa: E402
 from prismatic.training.strategies import get_train_strategy  # noqa: E402
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop  # noqa: E402
-from prismatic.util.dist import init_distributed  # noqa: E402
+from prismatic.util.dist import destroy_distributed, init_distributed  # noqa: E402
 from prismatic.util.kernel_profile import cuda_syncs, format_profile, profile_run  # noqa: E402
 from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
 from prismatic.vla.datasets.prefetch import prefetched  # noqa: E402
@@ -234,15 +237,17 @@ def random_vlm(
     return vlm
 
 
-def _vla(case: Case, variant: str, steps: int, overrides: dict[str, Any] | None = None) -> VLAConfig:
+def _vla(
+    case: Case, variant: str, steps: int, overrides: dict[str, Any] | None = None, world_size: int = 1
+) -> VLAConfig:
     before, variant_overrides, _ = parse_variant(variant)
     vla = VLAConfig(
         base_vlm=case.base_vlm,
         use_lora=case.use_lora,
         lora_rank=32,
         per_device_batch_size=case.batch,
-        global_batch_size=case.batch * case.accumulation,
-        expected_world_size=1,
+        global_batch_size=case.batch * case.accumulation * world_size,
+        expected_world_size=world_size,
         max_steps=steps,
         action_head=case.head,
         chunk_size=case.chunk_size,
@@ -381,7 +386,8 @@ def run_training_case(
 ) -> dict[str, Any]:
     # Room for every step the row may run: under CUDA graphs the warm-up is at least two passes over the batches.
     max_steps = max(args.warmup, 2 * CYCLED_BATCHES) + 1 + args.steps + args.profile_steps
-    vla = _vla(case, variant, max_steps, args.overrides)
+    world = dist_info.world_size
+    vla = _vla(case, variant, max_steps, args.overrides, world)
     vlm = random_vlm(case.base_vlm, device, tokenizer_dir, case.width)
     vlm.freeze_backbones(vla.stage)
     if vla.use_lora:
@@ -402,7 +408,7 @@ def run_training_case(
     inductor_counts = torch._dynamo.utils.counters["inductor"]
     skips_before = inductor_counts["cudagraph_skips"]
 
-    times = _Times(args.print_losses)
+    times = _Times(args.print_losses and dist_info.rank == 0)
     hooks = LoopHooks(trackers=[times], checkpoints=_NoCheckpoints(), preemption=PreemptionHandler())
     metrics = StepMetrics(["synthetic"], head, device)
     counters = {"step": 0, "epoch": 0, "frames": 0}
@@ -447,13 +453,19 @@ def run_training_case(
                 device,
                 _trace_path(args, f"{case.name}-{variant}"),
             )
-    step_s = statistics.median(step_times)
-    samples_per_s = case.batch * case.accumulation / step_s
-    tflops = flops_per_sample * samples_per_s / 1e12
+    step_s = statistics.median(
+        step_times
+    )  # this rank's (rank 0's is reported): every rank's step ends together
+    samples_per_s = case.batch * case.accumulation * world / step_s  # over all ranks
+    tflops = (
+        flops_per_sample * samples_per_s / world / 1e12
+    )  # per GPU, what MFU compares with the card's peak
     peak = peak_tflops(device, args.peak_tflops)
     result = {
         "case": case.name,
         "variant": variant,
+        "world_size": world,  # ranks (torchrun); samples_per_s counts all of them, model_tflops and MFU one GPU
+        "strategy": type(strategy).__name__,  # what `--vla.train_strategy` resolved to
         "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: on a GPU for the LoRA cases)
         "pad_to_multiple": strategy.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
         "ms_per_step": round(step_s * 1e3, 1),
@@ -725,11 +737,21 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     dist_info = init_distributed()
+    if on_gpu and device.index is None:  # under torchrun each rank takes its own GPU
+        device = torch.device("cuda", dist_info.local_rank)
     dist_info = replace(dist_info, device=device)
+    world, main_rank = dist_info.world_size, dist_info.rank == 0
+    report = _report if main_rank else (lambda result: None)
     name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
-    print(
-        f"bench_gpu on {name} (torch {torch.__version__}), peak bf16 {peak_tflops(device, args.peak_tflops)} TFLOP/s"
-    )
+    if main_rank:
+        print(
+            f"bench_gpu on {world} x {name} (torch {torch.__version__}), peak bf16 "
+            f"{peak_tflops(device, args.peak_tflops)} TFLOP/s per device"
+        )
+    if world > 1 and not args.no_predict:
+        args.no_predict = True
+        if main_rank:
+            print("bench_gpu: predict rows are for one process; under torchrun only the training cases run.")
     results: list[dict[str, Any]] = []
     bench_started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -757,17 +779,19 @@ def main(argv: list[str] | None = None) -> int:
                 _free(device)
                 result["case_s"] = round(time.perf_counter() - started, 1)
                 _mark_after_profile(result, results)
-                _report(result)
+                report(result)
                 results.append(result)
         if not args.no_predict:
             for result in run_predict(predict_id, device, args, tokenizer_dir):
                 _mark_after_profile(result, results)
-                _report(result)
+                report(result)
                 results.append(result)
-    if args.json_out is not None:
+    if args.json_out is not None and main_rank:
         args.json_out.write_text("".join(json.dumps(r) + "\n" for r in results))
     # The whole run's time: the issue's budget for `make bench-gpu` on one H100 is 5 minutes.
-    print(f"bench_gpu: {len(results)} results in {time.perf_counter() - bench_started:.0f} s")
+    if main_rank:
+        print(f"bench_gpu: {len(results)} results in {time.perf_counter() - bench_started:.0f} s")
+    destroy_distributed()
     return 0
 
 

@@ -108,6 +108,30 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
     assert "traceEvents" in json.loads((tmp_path / "traces" / traces[0]).read_text())
 
 
+def test_bench_gpu_under_torchrun_reports_once_for_all_ranks(tmp_path: Path) -> None:
+    """`torchrun --nproc-per-node N benchmarks/bench_gpu.py` times the training cases on N ranks (each on its own
+    GPU on a GPU machine): one line per row, from rank 0; samples/s over all ranks; FSDP2 and DDP train the same
+    frames to the same loss (FP32)."""
+    out = tmp_path / "results.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += [str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--cases", "lora-tiny"]
+    cmd += ["--variants", "new+fsdp", "new+ddp", "--steps", "1", "--warmup", "1", "--json_out", str(out)]
+    cmd += ["--set", "enable_mixed_precision_training=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert printed == [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["variant"], r["strategy"], r["world_size"]) for r in printed] == [
+        ("new+fsdp", "FSDPStrategy", 2),
+        ("new+ddp", "DDPStrategy", 2),
+    ]
+    for r in printed:
+        assert abs(r["samples_per_s"] - 2 * 4 * 1000 / r["ms_per_step"]) <= 0.01 * r["samples_per_s"]
+    assert abs(printed[0]["last_loss"] - printed[1]["last_loss"]) <= 1e-4
+    assert "predict" not in done.stdout.split("only the training cases run")[1]
+
+
 def test_model_flops_follow_the_stated_rule() -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     import torch
