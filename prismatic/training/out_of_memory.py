@@ -10,10 +10,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from prismatic.conf.vla import VLAConfig
-from prismatic.training.strategies import AUTO, TrainingStrategy
+from prismatic.training.strategies import AUTO, TRAIN_STRATEGIES, TrainingStrategy
 from prismatic.util.errors import RankError
 
 
@@ -73,9 +72,7 @@ def explain_out_of_memory(
     try:
         yield
     except torch.OutOfMemoryError as error:
-        # `auto` resolves to ddp or fsdp-full-shard; a named strategy is its own name.
-        ddp = isinstance(strategy.model, DistributedDataParallel)
-        name = "ddp" if ddp else (vla.train_strategy if vla.train_strategy != AUTO else "fsdp-full-shard")
+        name = TRAIN_STRATEGIES.name_of(type(strategy)) or type(strategy).__name__
         info = strategy.dist
         message = out_of_memory_message(
             str(error), info.rank, where(), vla, name, info.world_size, strategy.cuda_graphs

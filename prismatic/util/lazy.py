@@ -66,6 +66,11 @@ class LazyRegistry(Mapping[str, type]):
         self.check(name)
         return self[name]
 
+    def name_of(self, cls: type) -> str | None:
+        """The name `cls` is registered under (None: it is not), importing nothing."""
+        path = f"{cls.__module__}:{cls.__qualname__}"
+        return next((name for name, target in self._targets.items() if target in (cls, path)), None)
+
     def __getitem__(self, name: str) -> type:
         target = self._targets[name]
         if isinstance(target, str):

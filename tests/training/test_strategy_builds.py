@@ -561,3 +561,12 @@ def test_ddp_refuses_a_gpu_whose_free_memory_cannot_hold_the_replica(monkeypatch
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (need - 1, 80 * 10**9))
     with pytest.raises(ConfigError, match=r"full replica .* on every GPU.*fsdp-full-shard"):
         check_replica_fits(model, torch.device("cuda", 0))
+
+
+def test_each_strategy_class_knows_its_registered_name() -> None:
+    """What an error names the strategy a run trained under (`auto` resolved): the registry's own name."""
+    from prismatic.training.strategies import TRAIN_STRATEGIES
+
+    for name in ("fsdp-full-shard", "fsdp-shard-grad-op", "ddp"):
+        assert TRAIN_STRATEGIES.name_of(TRAIN_STRATEGIES.get_class(name)) == name
+    assert TRAIN_STRATEGIES.name_of(dict) is None

@@ -70,19 +70,16 @@ def ddp_fits(model: torch.nn.Module, mixed_precision: bool, device: torch.device
     """Whether DDP's expected peak (`DDP_PEAK_REPLICAS` replicas, frozen weights in bf16 under `mixed_precision`)
     fits the free memory of `device` on every rank: where `--vla.train_strategy auto` may pick DDP. A ~1B full
     fine-tune or a 7B LoRA run fits an 80 GB card; a 7B full fine-tune (a 120 GB replica) fits none. False off
-    CUDA. Collective (the ranks must agree on the strategy): call it on every rank."""
+    CUDA (every rank alike). Collective on CUDA (the ranks must agree on the strategy): call it on every rank."""
+    if device.type != "cuda":
+        return False
+    frozen = torch.bfloat16 if mixed_precision and bf16_supported(device) else None
+    need, free = DDP_PEAK_REPLICAS * replica_bytes(model, frozen), torch.cuda.mem_get_info(device)[0]
     short = None
-    if device.type == "cuda":
-        frozen = torch.bfloat16 if mixed_precision and bf16_supported(device) else None
-        need, free = DDP_PEAK_REPLICAS * replica_bytes(model, frozen), torch.cuda.mem_get_info(device)[0]
-        if need > free:
-            short = (
-                f"DDP's expected peak, {need / 1e9:.1f} GB, exceeds the {free / 1e9:.1f} GB free on {device}"
-            )
-    else:
-        short = f"{device} is not a CUDA GPU"
+    if need > free:
+        short = f"DDP's expected peak, {need / 1e9:.1f} GB, exceeds the {free / 1e9:.1f} GB free on {device}"
     found = first_over_ranks(short)
-    if found is not None and device.type == "cuda":
+    if found is not None:
         rank, reason = found
         logger.info("--vla.train_strategy auto: not DDP: on rank %d, %s.", rank, reason)
     return found is None
