@@ -25,7 +25,7 @@ that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; a
 cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
 eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU every case trains
-under DDP and compiles its blocks, the LoRA cases replay them from CUDA graphs, and steps overlap); `+compile`,
+under DDP, compiles its blocks and replays them from CUDA graphs, and steps overlap); `+compile`,
 `+no-compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`,
 `+grad-op`, `+per-param-copy` (DDP's gradient copies one by one), `+cudagraphs` and `+no-cudagraphs`
 (`--vla.compile_mode`: compiled blocks replayed from CUDA graphs, or launched one by one) change one means each
@@ -466,7 +466,7 @@ def run_training_case(
         "variant": variant,
         "world_size": world,  # ranks (torchrun); samples_per_s counts all of them, model_tflops and MFU one GPU
         "strategy": type(strategy).__name__,  # what `--vla.train_strategy` resolved to
-        "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: on a GPU for the LoRA cases)
+        "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: every case here, under DDP on a GPU)
         "pad_to_multiple": strategy.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
         "ms_per_step": round(step_s * 1e3, 1),
         "samples_per_s": round(samples_per_s, 2),
