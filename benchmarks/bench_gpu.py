@@ -453,13 +453,11 @@ def run_training_case(
                 device,
                 _trace_path(args, f"{case.name}-{variant}"),
             )
-    step_s = statistics.median(
-        step_times
-    )  # this rank's (rank 0's is reported): every rank's step ends together
-    samples_per_s = case.batch * case.accumulation * world / step_s  # over all ranks
-    tflops = (
-        flops_per_sample * samples_per_s / world / 1e12
-    )  # per GPU, what MFU compares with the card's peak
+    # This rank's step time (rank 0 reports): every rank's step ends together. Samples/s counts all ranks; model
+    # TFLOP/s is per GPU, what MFU compares with the card's peak.
+    step_s = statistics.median(step_times)
+    samples_per_s = case.batch * case.accumulation * world / step_s
+    tflops = flops_per_sample * samples_per_s / world / 1e12
     peak = peak_tflops(device, args.peak_tflops)
     result = {
         "case": case.name,

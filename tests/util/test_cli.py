@@ -220,6 +220,19 @@ def test_presets_inherit_the_base_field_docs() -> None:
     assert field_docs(VLAConfig)["data_mix"][1] == "Data"
 
 
+def _as_torchrun_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_rank: int
+) -> tuple[Path, list[float]]:
+    """Run as torchrun's local rank `local_rank` with its error file under `tmp_path`; the delays a non-zero rank
+    would sleep are recorded, not slept. Returns (the error file, the delays)."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    slept: list[float] = []
+    monkeypatch.setattr(cli_report.time, "sleep", slept.append)
+    return error_file, slept
+
+
 def test_entry_point_reports_one_paragraph_and_records_it_for_torchrun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -229,21 +242,18 @@ def test_entry_point_reports_one_paragraph_and_records_it_for_torchrun(
     def main() -> int:
         raise ConfigError("first line\n  and the second one")
 
-    error_file = tmp_path / "error.json"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-    monkeypatch.setenv("LOCAL_RANK", "0")
+    error_file, slept = _as_torchrun_rank(tmp_path, monkeypatch, 0)
     with pytest.raises(SystemExit) as info:
         main()
-    assert info.value.code == 2
+    assert info.value.code == 2 and slept == []
     assert capsys.readouterr().err == "error: first line and the second one\n"
     # torchrun's agent reads the file as it reads torch's own @record output, and its summary shows our message.
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
     summary = ChildFailedError("train.py", {0: failure}).format_msg()
     assert "traceback : error: first line and the second one" in summary
 
-    monkeypatch.setenv("LOCAL_RANK", "1")  # other ranks of the node stay quiet, record, and give rank 0 time
-    slept: list[float] = []
-    monkeypatch.setattr(cli_report.time, "sleep", slept.append)
+    # other ranks of the node stay quiet, record, and give rank 0 time
+    error_file, slept = _as_torchrun_rank(tmp_path, monkeypatch, 1)
     error_file.unlink()
     with pytest.raises(SystemExit):
         main()
@@ -260,11 +270,7 @@ def test_a_rank_error_is_printed_by_the_rank_that_met_it(
     def main() -> int:
         raise RankError("Rank 1 ran out of GPU memory\n with 2 steps done.")
 
-    error_file = tmp_path / "error.json"
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    slept: list[float] = []
-    monkeypatch.setattr(cli_report.time, "sleep", slept.append)
+    error_file, slept = _as_torchrun_rank(tmp_path, monkeypatch, 1)
     with pytest.raises(SystemExit) as info:
         main()
     assert info.value.code == 2 and slept == []
