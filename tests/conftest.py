@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from transformers import PreTrainedTokenizerFast
@@ -49,22 +46,6 @@ def toy_data_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> P
     from prismatic.vla.datasets.rlds.toy import build_toy_datasets
 
     return _once_per_run(tmp_path_factory, worker_id, "rlds", lambda root: build_toy_datasets(root, seed=0))
-
-
-@pytest.fixture
-def load_script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
-    """`load_script("serve")`: `vla_scripts/serve.py` imported as a module (registered in `sys.modules` for the
-    test, where dataclasses look their module up)."""
-
-    def load(name: str) -> ModuleType:
-        path = Path(__file__).resolve().parents[1] / "vla_scripts" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(f"{name}_script", path)
-        module = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, spec.name, module)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
 
 
 @pytest.fixture(scope="session")

@@ -10,21 +10,19 @@ another experiment. Data comes from the session's toy datasets (`toy_data_root`)
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import logging
 import os
 import resource
 import shutil
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
+from scripts import import_script
 
 from prismatic.training.checkpointing import (
     atomic_torch_save,
@@ -46,20 +44,9 @@ from prismatic.vla.datasets.rlds.statistics import (
 )
 from prismatic.vla.datasets.stream_spec import StreamSpec
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "vla_scripts"
 TOY = "toy_push"  # the smaller toy dataset: 4 train + 4 val shard files
 VERSION = "1.0.0"
 INTERNALS = ("Traceback", "PytorchStreamReader", "zipfile", "mmap", "pickle", "{{function_node", "[Op:")
-
-
-def _script(name: str) -> ModuleType:
-    """Import a `vla_scripts/` module (registered in sys.modules, as dataclasses in it need)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _copy_toy(toy_data_root: Path, tmp_path: Path, keep_cache: bool) -> tuple[Path, Path]:
@@ -372,7 +359,7 @@ def _episodes_dir(tmp_path: Path, count: int, **overrides_of: dict[str, np.ndarr
 
 
 def test_converter_refuses_bad_arguments(tmp_path: Path) -> None:
-    convert = _script("convert_to_rlds").convert
+    convert = import_script("convert_to_rlds").convert
     episodes = _episodes_dir(tmp_path, 3)
     for fraction in (-0.1, 1.0, 1.5, float("nan")):
         with pytest.raises(ConfigError, match=f"--val_fraction {fraction} is outside \\[0, 1\\)"):
@@ -404,13 +391,13 @@ def test_converter_refuses_bad_arguments(tmp_path: Path) -> None:
 def test_converter_names_the_bad_episode_file(tmp_path: Path, overrides: dict, words: str) -> None:
     episodes = _episodes_dir(tmp_path, 3, ep1=overrides)
     with pytest.raises(ConfigError) as error:
-        _script("convert_to_rlds").convert(episodes, tmp_path / "rlds", "mine")
+        import_script("convert_to_rlds").convert(episodes, tmp_path / "rlds", "mine")
     assert f"'{episodes / 'ep1.npz'}'" in str(error.value) and words in str(error.value)
     assert not (tmp_path / "rlds" / "mine").exists()  # nothing half-written
 
 
 def test_converter_names_missing_keys_unreadable_and_unlike_episodes(tmp_path: Path) -> None:
-    convert = _script("convert_to_rlds").convert
+    convert = import_script("convert_to_rlds").convert
     episodes = _episodes_dir(tmp_path, 2)
     np.savez(episodes / "ep2.npz", image=np.zeros((4, 8, 8, 3), np.uint8), state=np.zeros((4, 8)))
     with pytest.raises(ConfigError, match="ep2.npz' has no 'action' array \\(it has: image, state\\)"):
@@ -431,7 +418,7 @@ def test_converter_names_missing_keys_unreadable_and_unlike_episodes(tmp_path: P
 def test_converter_clamps_shards_and_refuses_to_overwrite_silently(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    convert = _script("convert_to_rlds").convert
+    convert = import_script("convert_to_rlds").convert
     episodes = _episodes_dir(tmp_path, 3)
     root = tmp_path / "rlds"
     with caplog.at_level(logging.WARNING):

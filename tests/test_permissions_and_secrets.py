@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts import import_script
 from train_runs import free_port
 
 from prismatic.util.files import atomic_write, current_umask, normal_permissions, write_json_atomic
@@ -149,14 +150,7 @@ def test_library_written_files_get_normal_permissions(tmp_path: Path) -> None:
 
 
 def test_converter_output_is_group_readable(tmp_path: Path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "convert_to_rlds", REPO / "vla_scripts" / "convert_to_rlds.py"
-    )
-    module = sys.modules.setdefault("convert_to_rlds", importlib.util.module_from_spec(spec))
-    if not hasattr(module, "convert"):
-        spec.loader.exec_module(module)
+    module = import_script("convert_to_rlds")
     episodes = tmp_path / "episodes"
     episodes.mkdir()
     for i in range(2):

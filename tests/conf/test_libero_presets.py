@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts import import_script
 
 from prismatic.conf.vla import get_vla_config, registered_vla_ids
 
@@ -171,14 +172,8 @@ def test_step_decay_needs_its_step_count() -> None:
 @pytest.fixture(scope="module")
 def libero_toy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The LIBERO-shaped toys built by the CLI, as the docs build them (with the toy mixture)."""
-    import importlib.util
-
     root = tmp_path_factory.mktemp("libero_toy")
-    path = Path(__file__).resolve().parents[2] / "vla_scripts" / "build_toy_dataset.py"
-    spec = importlib.util.spec_from_file_location("build_toy_dataset", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--data_root_dir", str(root), "--libero", "true"]) == 0
+    assert import_script("build_toy_dataset").main(["--data_root_dir", str(root), "--libero", "true"]) == 0
     return root
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts import import_script
 
 from prismatic.inference.evaluation import EvalMetrics
 from prismatic.util.errors import ConfigError
@@ -239,17 +240,10 @@ def test_dataset_without_statistics_is_named(policy_run: Path, toy_data_root: Pa
         check_unnorm_keys(policy, stats, "nope", data_mix="toy")
 
 
-def test_evaluation_uses_the_runs_data_options_with_given_flags_on_top(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import importlib.util
-
+def test_evaluation_uses_the_runs_data_options_with_given_flags_on_top(tmp_path: Path) -> None:
     from prismatic.conf.data import DataOptions
 
-    spec = importlib.util.spec_from_file_location("evaluate_script", EVALUATE)
-    script = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses resolve their module while defined
-    spec.loader.exec_module(script)
+    script = import_script("evaluate")
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(

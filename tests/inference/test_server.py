@@ -10,7 +10,6 @@ batch and the 500 / 413 paths are tested in process.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -31,6 +30,7 @@ from hand_stats import hand_stats
 
 # Imported before any test patches `json`: numpy.testing's import calls json.loads in a way json_numpy breaks.
 from numpy.testing import assert_array_equal
+from scripts import import_script
 from train_runs import free_port
 
 from prismatic.inference import VLAPolicy, load_policy
@@ -264,11 +264,7 @@ def test_serve_unloadable_checkpoint_exits_2(
 ) -> None:
     """An existing path `load_policy` refuses: its ConfigError is the one-paragraph message (in process, as
     a subprocess would spend seconds importing torch again)."""
-    spec = importlib.util.spec_from_file_location("serve_script", SERVE)
-    assert spec is not None and spec.loader is not None
-    serve_script = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "serve_script", serve_script)  # dataclasses look their module up there
-    spec.loader.exec_module(serve_script)
+    serve_script = import_script("serve")
     notes = tmp_path / "notes.txt"
     notes.write_text("not a checkpoint")
     monkeypatch.setattr(sys, "argv", ["serve.py", "--checkpoint", str(notes)])

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scripts import import_script
 from torch._dynamo.utils import counters
 
 from prismatic.inference import VLAPolicy
@@ -165,10 +166,10 @@ def test_policy_option_reaches_greedy_decode(model, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize(("script", "name"), [("serve", "ServeConfig"), ("eval_libero", "EvalLiberoConfig")])
-def test_compile_decoding_flag_parses(script: str, name: str, tmp_path: Path, load_script) -> None:
+def test_compile_decoding_flag_parses(script: str, name: str, tmp_path: Path) -> None:
     from prismatic.util.cli import parse_config
 
-    config = getattr(load_script(script), name)
+    config = getattr(import_script(script), name)
     assert parse_config(config, ["--checkpoint", str(tmp_path)]).compile_decoding is False
     assert (
         parse_config(config, ["--checkpoint", str(tmp_path), "--compile_decoding"]).compile_decoding is True
@@ -177,13 +178,13 @@ def test_compile_decoding_flag_parses(script: str, name: str, tmp_path: Path, lo
 
 @pytest.mark.parametrize(("max_batch_size", "expected"), [(4, [4, 1]), (1, [1])])
 def test_server_warm_up_decodes_a_full_batch_then_one_request(
-    model, monkeypatch: pytest.MonkeyPatch, load_script, max_batch_size: int, expected: list[int]
+    model, monkeypatch: pytest.MonkeyPatch, max_batch_size: int, expected: list[int]
 ) -> None:
     """`serve.py` warms up both shapes `--compile_decoding` compiles for (a batch, one request), so no request
     waits for the compiler; the batch first, so a size that does not fit fails at start-up."""
     from prismatic.inference import server
 
-    serve = load_script("serve")
+    serve = import_script("serve")
     sizes = []
     monkeypatch.setattr(server, "predict_batch", lambda policy, requests: sizes.append(len(requests)))
     serve.warm_up(VLAPolicy(model[0], None, "tiny", torch.device("cpu"), torch.float32), max_batch_size)

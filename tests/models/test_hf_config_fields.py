@@ -14,9 +14,7 @@ presets' definitions and OpenVLA's tables, never read back from our exporter."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,12 +23,12 @@ import pytest
 import torch
 import transformers
 from openvla_tables import OPENVLA_LLM_TABLE, OPENVLA_VISION_TABLE
+from scripts import import_script
 
 from prismatic.models import LLM_BACKBONES, VISION_BACKBONES, build_vlm
 from prismatic.models.hf_config import hf_config_dict
 from prismatic.models.registry import BaseVLMSpec
 
-REPO = Path(__file__).resolve().parents[2]
 NORM_STATS = {
     "toy_dataset": {
         "action": {
@@ -115,14 +113,6 @@ EXPECTED_PREPROCESSOR = {
 }
 
 
-def _export_script(monkeypatch):
-    spec = importlib.util.spec_from_file_location("export_hf_script", REPO / "vla_scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     """A tiny fused-backbone run (one checkpoint, its dataset statistics) exported as `export_hf.py` does."""
@@ -139,9 +129,8 @@ def exported(tmp_path_factory) -> Path:
     vla = {"type": "tiny-dinosiglip+mx-toy", "base_vlm": "tiny-dinosiglip+tiny-llama"}
     (run / "config.json").write_text(json.dumps({"vla": vla}))
     (run / "dataset_statistics.json").write_text(json.dumps(NORM_STATS))
-    with pytest.MonkeyPatch.context() as mp:
-        script = _export_script(mp)
-        return script.export(script.ExportConfig(checkpoint=run, out_dir=tmp / "hf"))
+    script = import_script("export_hf")
+    return script.export(script.ExportConfig(checkpoint=run, out_dir=tmp / "hf"))
 
 
 def test_every_config_field_openvla_reads_has_its_value(exported):

@@ -15,14 +15,13 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from scripts import import_script
 
 from prismatic.models import LLM_BACKBONES, build_vlm, load_vla
 from prismatic.models.hf_config import DEFAULT_HF_CODE_REPO
@@ -30,7 +29,6 @@ from prismatic.models.hf_openvla import HF_CODE_FILES, TRANSFORMERS5_TOKENIZER_K
 from prismatic.models.loading import spec_of
 from prismatic.util.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
 NORM_STATS = {"toy": {"action": {"q01": [0.0] * 7, "q99": [1.0] * 7, "mask": [True] * 7}}}
 HUB = "openvla/openvla-7b"
 # What OpenVLA's fine-tuned checkpoints on the Hub (e.g. openvla/openvla-7b-finetuned-libero-spatial) write.
@@ -264,15 +262,7 @@ def test_qwen25_keeps_its_rope_base_for_old_and_new_readers(make_batch, tmp_path
     assert torch.equal(back, ours)
 
 
-def _export_script(monkeypatch):
-    spec = importlib.util.spec_from_file_location("export_hf_script", REPO / "vla_scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_dataset_statistics_flag_is_what_the_export_holds(llama_vlm, tmp_path: Path, monkeypatch) -> None:
+def test_dataset_statistics_flag_is_what_the_export_holds(llama_vlm, tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     modules = ("vision_backbone", "projector", "llm_backbone")
@@ -294,7 +284,7 @@ def test_dataset_statistics_flag_is_what_the_export_holds(llama_vlm, tmp_path: P
     }
     stats_file = tmp_path / "other_statistics.json"
     stats_file.write_text(json.dumps(given))
-    script = _export_script(monkeypatch)
+    script = import_script("export_hf")
     out = script.export(
         script.ExportConfig(
             checkpoint=run, out_dir=tmp_path / "hf", dataset_statistics=stats_file, dtype="float32"

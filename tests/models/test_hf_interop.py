@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from openvla_tables import OPENVLA_VISION_TABLE
+from scripts import import_script
 
 from prismatic.models import LLM_BACKBONES, build_vlm, load_vla
 from prismatic.models.hf_openvla import export_hf_openvla
@@ -292,14 +292,6 @@ def test_every_auto_class_call_passes_trust_remote_code_false(monkeypatch) -> No
 # === Item 12: fine-tune from an HF checkpoint, export offline ======================================================
 
 
-def _export_script(monkeypatch: pytest.MonkeyPatch):
-    spec = importlib.util.spec_from_file_location("export_hf_script", REPO / "vla_scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     ("source_kind", "frozen_vision"), [("folder", False), ("hub_id", False), ("hub_id", True)]
 )
@@ -359,7 +351,7 @@ def test_fine_tune_from_hf_checkpoint_then_export_offline(
     torch.save({"model": {m: getattr(base, m).state_dict() for m in modules}}, ckpt)
     patterns.clear()
 
-    script = _export_script(monkeypatch)
+    script = import_script("export_hf")
     out = script.export(script.ExportConfig(checkpoint=ckpt, out_dir=tmp_path / "export", dtype="float32"))
 
     config = json.loads((out / "config.json").read_text())

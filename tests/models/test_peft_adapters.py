@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripts import import_script
 
 from prismatic.util.errors import ConfigError
 
@@ -125,16 +126,9 @@ def test_a_plain_run_has_no_adapters(tmp_path) -> None:
 def test_merge_lora_cli_writes_and_merges_adapters(lora_run, make_batch, tmp_path) -> None:
     """The commands of merge_lora.py's docstring: --adapter_out, then --adapter --out_dir; the merged run folder
     gives the merged checkpoint's logits."""
-    import importlib.util
-    import sys
-
     from prismatic.models.loading import load_vla
 
-    path = Path(__file__).resolve().parents[2] / "vla_scripts" / "merge_lora.py"
-    spec = importlib.util.spec_from_file_location("merge_lora_cli", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["merge_lora_cli"] = module  # dataclasses resolve their module while the file executes
-    spec.loader.exec_module(module)
+    module = import_script("merge_lora")
 
     _, run = lora_run
     assert module.main(["--checkpoint", str(run), "--adapter_out", str(tmp_path / "adapter")]) == 0

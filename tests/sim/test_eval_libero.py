@@ -5,7 +5,6 @@ one paragraph with exit code 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch  # noqa: F401  (torch before TensorFlow in this process)
+from scripts import import_script
 from train_runs import free_port, run_train
 
 from prismatic.vla.datasets.rlds.toy import build_libero_toy_datasets
@@ -42,11 +42,7 @@ def libero_runs(libero_config: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _script_main():
-    spec = importlib.util.spec_from_file_location("eval_libero", REPO / "vla_scripts" / "eval_libero.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["eval_libero"] = module  # its dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module.main
+    return import_script("eval_libero").main
 
 
 def evaluate(args: list[str], out_dir: Path) -> dict:

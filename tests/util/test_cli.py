@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scripts import import_script
 
 from prismatic.conf.train import TrainConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
@@ -183,7 +184,7 @@ def test_a_run_config_yaml_parses_back_to_the_same_config(
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg) and again.run_id == "007"
 
 
-def test_every_field_of_every_script_has_help(load_script) -> None:
+def test_every_field_of_every_script_has_help() -> None:
     configs = [
         TrainConfig,
         *(VLAConfig.get_choice_class(i) for i in ("tiny+mx-toy", "siglip-224px+mx-bridge")),
@@ -197,7 +198,7 @@ def test_every_field_of_every_script_has_help(load_script) -> None:
         ("evaluate", "EvaluateConfig"),
         ("serve", "ServeConfig"),
     ]:
-        configs.append(getattr(load_script(script), name))
+        configs.append(getattr(import_script(script), name))
     for config in configs:
         for flag in config_flags(config):
             assert flag.help, f"{config.__name__}: --{flag.name} has no one-line description"

@@ -8,7 +8,6 @@ cameras and the R / G / B channels apart. One tiny training run reads a conversi
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import runpy
@@ -22,13 +21,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from scripts import import_script
 from train_runs import run_train
 
 from prismatic.util.errors import ConfigError
 from prismatic.vla.datasets.rlds import configs, transforms
 from prismatic.vla.datasets.rlds.lerobot import open_lerobot
 
-SCRIPTS = Path(__file__).parents[2] / "vla_scripts"
 FPS = 10
 TASKS = ["pick up the red cube", "open the drawer", "push the button"]
 TOP, WRIST = "observation.images.top", "observation.images.wrist"
@@ -253,16 +252,9 @@ def build_v30(root: Path) -> Path:
     return root
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def convert() -> ModuleType:
-    return _script("convert_to_rlds")
+    return import_script("convert_to_rlds")
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import h5py
 import numpy as np
 import pytest
+from scripts import import_script
 
 from prismatic.vla.datasets.rlds import configs
 from prismatic.vla.datasets.rlds.configs import ActionEncoding, RLDSDatasetConfig, StateEncoding
 from prismatic.vla.datasets.rlds.interleave import make_interleaved_dataset
 from prismatic.vla.datasets.stream_spec import StreamSpec
-
-SCRIPTS = Path(__file__).parents[2] / "vla_scripts"
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _episode(index: int, num_steps: int = 5) -> dict[str, np.ndarray]:
@@ -51,7 +41,7 @@ def test_convert_own_episodes_and_train_on_them(
             f[key] = value
         f.attrs["instruction"] = "stack the cups"
 
-    convert = _script("convert_to_rlds")
+    convert = import_script("convert_to_rlds")
     root = tmp_path / "rlds"
     argv = ["--episodes_dir", str(episodes_dir), "--data_root_dir", str(root), "--name", "my_robot"]
     assert convert.main([*argv, "--val_fraction", "0.25"]) == 0
@@ -78,7 +68,7 @@ def test_convert_own_episodes_and_train_on_them(
     np.testing.assert_allclose([f["action"][6] for f in frames], _episode(3)["action"][:, 6])
     assert abs(int(frames[0]["observation"]["image_primary"].mean()) - 120) <= 3
 
-    stats_cli = _script("dataset_stats")
+    stats_cli = import_script("dataset_stats")
     assert (
         stats_cli.main(
             ["--data_root_dir", str(root), "--data_mix", "my_robot", "--output_dir", str(tmp_path)]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts import import_script
 
 from prismatic.vla.datasets.rlds.toy import (
     NUM_EPISODES,
@@ -77,12 +78,7 @@ def test_build_is_idempotent(toy_data_root: Path) -> None:
 
 
 def test_cli_builds_into_data_root(toy_data_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-
-    script = Path(__file__).parents[2] / "vla_scripts" / "build_toy_dataset.py"
-    spec = importlib.util.spec_from_file_location("build_toy_dataset", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_script("build_toy_dataset")
     assert module.main(["--data_root_dir", str(toy_data_root)]) == 0
     assert str(toy_dataset_dir(toy_data_root, "toy_push")) in capsys.readouterr().out
 
