@@ -44,7 +44,8 @@ def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None
         blocks_compile_mode(vla, "fsdp-full-shard", 1, CUDA, "step")
     assert str(error.value) == (
         "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
-        "(--vla.train_strategy ddp, or auto for LoRA on GPUs) with gradients reduced after every micro-batch "
+        "(--vla.train_strategy ddp, or auto: LoRA on GPUs, a full fine-tune on one GPU where it fits) with "
+        "gradients reduced after every micro-batch "
         "(--grad_sync auto or micro-batch), but the strategy is fsdp-full-shard, which frees and re-gathers the "
         "parameters every step and --grad_sync step keeps the gradients of 2 micro-batches in the graphs' memory "
         "until the step ends. Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."

@@ -113,7 +113,8 @@ def blocks_compile_mode(
     if vla.compile_mode == "reduce-overhead" and problems:
         raise ConfigError(
             "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
-            "(--vla.train_strategy ddp, or auto for LoRA on GPUs) with gradients reduced after every micro-batch "
+            "(--vla.train_strategy ddp, or auto: LoRA on GPUs, a full fine-tune on one GPU where it fits) with "
+            "gradients reduced after every micro-batch "
             "(--grad_sync auto or micro-batch), but "
             + " and ".join(problems)
             + ". Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."
