@@ -13,6 +13,8 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
         --set enable_mixed_precision_training=false     # compiled vs eager loss per step, in FP32
     python benchmarks/bench_gpu.py --cases lora-7b --variants new --profile 2 --profile_dir traces
                                                      # where a step's time goes: GPU idle, kernels by kind
+    python benchmarks/bench_gpu.py --cases --compile_scopes layers whole
+                                                     # compiled decoding by blocks against whole functions
     torchrun --standalone --nproc-per-node 8 benchmarks/bench_gpu.py --cases lora-7b full-1b --variants new new+fsdp
                                                      # 8 GPUs, a rank each: what `auto` picks (LoRA: DDP) against
                                                      # FSDP2; rank 0 prints, samples/s over all ranks, MFU per GPU
@@ -82,6 +84,7 @@ from prismatic.models.backbones.vision.registry import (  # noqa: E402
 from prismatic.models.lora import apply_lora  # noqa: E402
 from prismatic.models.materialize import VLMArchitecture, build_vlm, build_vlm_from_spec  # noqa: E402
 from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
+from prismatic.models.static_decoding import COMPILE_SCOPES  # noqa: E402
 from prismatic.models.vlms.prismatic import PrismaticVLM  # noqa: E402
 from prismatic.training.metrics import StepMetrics  # noqa: E402
 from prismatic.training.preemption import PreemptionHandler  # noqa: E402
@@ -565,13 +568,13 @@ def run_predict(
 
     results = []
     image = images(1)[0]
-    # (use_cache, static cache, compiled steps) per mode; the compiled one last: its graphs stay in the process.
-    modes = {"KV cache, static + CUDA graphs": (True, True, False), "KV cache, dynamic": (True, False, False)}
-    modes["re-running"] = (False, False, False)
-    if args.compiled_decoding:
-        modes["KV cache, static + CUDA graphs, compiled"] = (True, True, True)
-    for mode, (use_cache, static, compiled) in modes.items():
-        policy.static_cache, policy.compile_decoding = static, compiled
+    # (use_cache, static cache, compile scope or None) per mode; compiled ones last: their graphs stay in the process.
+    modes = {"KV cache, static + CUDA graphs": (True, True, None), "KV cache, dynamic": (True, False, None)}
+    modes["re-running"] = (False, False, None)
+    for scope in args.compile_scopes if args.compiled_decoding else []:
+        modes[f"KV cache, static + CUDA graphs, compiled ({scope})"] = (True, True, scope)
+    for mode, (use_cache, static, scope) in modes.items():
+        _decoding_mode(policy, static, scope)
 
         def one(use_cache: bool = use_cache) -> None:
             policy.decode_batch([image], [INSTRUCTIONS[0]], "bench", use_cache=use_cache)
@@ -591,13 +594,15 @@ def run_predict(
         batch_images = images(batch_size)
         instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch_size)]
         pixel_ms = pixel_values_ms(policy, batch_images, timed)
-        batch_modes = [("static + CUDA graphs", True, False), ("dynamic", False, False)]
+        batch_modes = [("static + CUDA graphs", True, None), ("dynamic", False, None)]
         # Compiled rows at batch 1 (predict_action's shape) unless asked: the larger batches compile once more
-        # between them (minutes at 7B; one request and larger batches compile apart, other sizes only capture).
+        # between them (one request and larger batches compile apart, other sizes only capture).
         if args.compiled_decoding and (batch_size == 1 or args.compiled_decoding_all_sizes):
-            batch_modes.append(("static + CUDA graphs, compiled", True, True))
-        for mode, static, compiled in batch_modes:
-            policy.static_cache, policy.compile_decoding = static, compiled
+            batch_modes += [
+                (f"static + CUDA graphs, compiled ({scope})", True, scope) for scope in args.compile_scopes
+            ]
+        for mode, static, scope in batch_modes:
+            _decoding_mode(policy, static, scope)
 
             def many(batch_images: list = batch_images, instructions: list = instructions) -> None:
                 policy.predict_action_batch(batch_images, instructions, "bench")
@@ -614,6 +619,12 @@ def run_predict(
             )
             _profile_requests(many, args, device, results[-1])
     return results
+
+
+def _decoding_mode(policy: Any, static: bool, scope: str | None) -> None:
+    """The policy's decoding: static cache or dynamic, compiled with `scope` (`compile_scope`) or not."""
+    policy.static_cache, policy.compile_decoding = static, scope is not None
+    policy.compile_scope = scope or "layers"
 
 
 def pixel_values_ms(policy: Any, batch_images: list[Any], timed: Any) -> dict[str, float]:
@@ -674,6 +685,14 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda v: v.lower() in ("1", "true", "yes"),
         default=None,
         help="also time the policy's compiled static decoding (default: on GPU only; CPU compiles C++ first)",
+    )
+    parser.add_argument(
+        "--compile_scopes",
+        nargs="+",
+        choices=COMPILE_SCOPES,
+        default=["layers"],
+        help="what compiled decoding compiles, a row each: every ViT block and decoder layer (layers, the policy's "
+        "default), or the prefill and the decode step whole",
     )
     parser.add_argument(
         "--compiled_decoding_all_sizes",

@@ -138,9 +138,11 @@ class VLAPolicy:
         # Token heads on CUDA decode over a static KV cache replayed from CUDA graphs (None: where supported);
         # False keeps the dynamic cache (`prismatic.models.static_decoding`; the ids are the same).
         self.static_cache: bool | None = None
-        # With the static cache, `torch.compile` its prefill and decode step before capture (fused kernels; off
-        # until measured on a GPU: the first request of each shape compiles, tens of seconds).
+        # With the static cache, `torch.compile` its prefill and decode step before capture (fused kernels; off:
+        # the first single request and the first larger batch each compile, tens of seconds at 7B). What compiles:
+        # each ViT block and decoder layer ("layers"), or each function "whole" (`static_decoding.COMPILE_SCOPES`).
         self.compile_decoding = False
+        self.compile_scope = "layers"
         # Arrays at the backbone's size normalised by the device (`prismatic.inference.pixels`: bytes up, the same
         # pixel values); None: on accelerators, where it saves the host's look-ups and a 4x larger upload.
         self.pixels_on_device: bool | None = None
@@ -388,6 +390,7 @@ class VLAPolicy:
             use_cache=use_cache,
             static_cache=self.static_cache,
             compile_steps=self.compile_decoding,
+            compile_scope=self.compile_scope,
         )
         predicted = self.head.predict(self.vlm, request)
         actions = self.unnormalize(predicted.normalized, resolved)

@@ -57,6 +57,8 @@ class DecodeOptions:
     static_cache: bool | None = None
     # On the static cache, `torch.compile` the prefill and the decode step before capturing them.
     compile_steps: bool = False
+    # What `compile_steps` compiles: each ViT block and decoder layer ("layers"), or each function "whole".
+    compile_scope: str = "layers"
 
 
 def openvla_action_ids(
@@ -136,6 +138,8 @@ def greedy_decode(
             capturing them: the same operations in fewer, fused kernels (ids pinned equal in FP32 on CPU;
             fused kernels may round differently in the last bits). Where compiling fails: one WARNING, and
             uncompiled decoding.
+            `compile_scope`: what `compile_steps` compiles (`static_decoding.COMPILE_SCOPES`): "layers", each
+            ViT block and decoder layer (one graph per stack: minutes less at 7B), or "whole", each function.
 
     Returns:
         The chosen ids and their log-probabilities, `[B, num_tokens]` each.
@@ -169,7 +173,12 @@ def greedy_decode(
             num_tokens,
             pad_id,
             static_decoding.StepOptions(
-                choose, allowed_ids, keep_last, use_graph=device.type == "cuda", compile_steps=compile_steps
+                choose,
+                allowed_ids,
+                keep_last,
+                use_graph=device.type == "cuda",
+                compile_steps=compile_steps,
+                compile_scope=options.compile_scope,
             ),
         )
         return GreedyTokens(ids.cpu(), logprobs.cpu())

@@ -174,6 +174,14 @@ def apply_llm_activation_checkpointing(vlm: PrismaticVLM, policy: str = "full") 
     return len(chosen)
 
 
+def running_blocks(vlm: PrismaticVLM) -> list[torch.nn.Module]:
+    """Every ViT block whose output reaches the patch features, then every LLM decoder layer: the units compiled
+    one by one (`compile_blocks`, and static decoding's `compile_scope="layers"`)."""
+    unused = {id(module) for module in vlm.vision_backbone.unused_modules()}
+    blocks = [block for block in vlm.vision_backbone.get_blocks() if id(block) not in unused]
+    return blocks + list(vlm.llm_backbone.get_layers())
+
+
 def compile_blocks(vlm: PrismaticVLM, compile_kwargs: Mapping[str, Any] | None = None) -> int:
     """`torch.compile` the `forward` of every LLM decoder layer and every ViT block that runs, in place (the modules,
     their parameters and checkpoint keys stay as they are), with `compile_kwargs` (`COMPILE_MODES`' entry of
@@ -191,9 +199,7 @@ def compile_blocks(vlm: PrismaticVLM, compile_kwargs: Mapping[str, Any] | None =
     """
     kwargs = dict(compile_kwargs or {})
     graphs = kwargs.get("mode") == "reduce-overhead"
-    unused = {id(module) for module in vlm.vision_backbone.unused_modules()}
-    blocks = [block for block in vlm.vision_backbone.get_blocks() if id(block) not in unused]
-    blocks += list(vlm.llm_backbone.get_layers())
+    blocks = running_blocks(vlm)
     for block in blocks:
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         whole = isinstance(block, SelectiveCheckpointWrapper) or (graphs and inner is not block)

@@ -18,19 +18,25 @@ write position as a tensor (`cumulative_length`), or where the model has sliding
 host) runs the same functions eagerly.
 
 Replayed, a 7B step still runs ~1,000 small unfused kernels (RMSNorm, RoPE, SiLU, residual adds, cache writes:
-~17 of the 65 ms of an action on an H100). With `compile_steps` the two functions are compiled by `torch.compile`
-(inductor, whole graph) after the first, eager call of each shape, run once (compiling them, never inside a
-capture), then captured, so the graphs replay inductor's fused kernels. One compiled callable per model and
-function serves every shape: batch size and prompt and cache lengths are symbolic in its graphs, so it compiles
-once for one request and once for larger batches, and a later shape only captures its graphs (compiling a 7B
-prefill and step took 111 s on an H100; when each shape compiled its own, a server paid that for every new batch
-size and prompt length). Where compiling fails, the model keeps the uncompiled functions (one WARNING); on CPU the
-compiled functions run without graphs (tests).
+~17 of the 65 ms of an action on an H100). With `compile_steps` they are compiled by `torch.compile` (inductor)
+after the first, eager call of each shape, run once (compiling them, never inside a capture), then captured, so the
+graphs replay inductor's fused kernels. What compiles (`compile_scope`):
+- "layers" (the default): each ViT block and LLM decoder layer, torchtitan's way, the glue between them eager. The
+  blocks of a stack share their code and so their graphs (the cache is stacked so that a layer's index is a
+  symbol, `_stackable_cache_class`): a handful of graphs of one block each, whatever the depth.
+- "whole": the two functions, each one graph of the whole model (compiling a 7B prefill and step took 111 s on an
+  H100), which fuses across block boundaries and the glue too.
+Either way batch size and prompt and cache lengths are symbols in the graphs, so they compile once for one request
+and once for larger batches, and a later shape only captures its graphs (when each shape compiled its own, a
+server paid the compile for every new batch size and prompt length). Where compiling fails, the model keeps the
+uncompiled functions (one WARNING); on CPU the compiled code runs without graphs (tests).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +59,12 @@ MAX_GRAPHS = 4  # per model: each holds a static KV cache (B x layers x 2 x head
 
 Choose = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 COMPILED = ("prefill", "step")  # what `compile_steps` compiles (CPU tests: the step only, faster to compile)
+# How: each ViT block and LLM decoder layer (one graph per stack, whatever its depth), or each function whole.
+COMPILE_SCOPES = ("layers", "whole")
+# Layers: an int on a module that changes between calls (a decoder layer's `layer_idx`) becomes a symbol, so that
+# one graph serves every layer; room for the graphs of one request and of larger batches, prefill and step, per
+# block type, and whatever else in the process shares the blocks' code (training's compiled blocks).
+_LAYER_CONFIG = {"allow_unspec_int_on_nn_module": True, "recompile_limit": 64}
 COMPILE_FAILED = "_static_compile_failed"  # set on a model (its `__dict__`) whose functions failed to compile
 _COMPILE_ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters  # torch >= 2.14
 
@@ -61,19 +73,96 @@ _COMPILE_ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).par
 class StepOptions:
     """How `greedy_decode`'s prefill and steps run here: `choose` picks the next ids from the last logits
     (`choose_key` names its behaviour, its id range, which graphs and compiled code bake in); `keep_last` asks the
-    LM head for the last position only; `use_graph` captures CUDA graphs; `compile_steps` compiles first."""
+    LM head for the last position only; `use_graph` captures CUDA graphs; `compile_steps` compiles first, each
+    block (`compile_scope="layers"`) or each function whole (`"whole"`)."""
 
     choose: Choose
     choose_key: Any
     keep_last: dict[str, int]
     use_graph: bool
     compile_steps: bool = False
+    compile_scope: str = "layers"
+
+    def __post_init__(self) -> None:
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(
+                f"compile_scope {self.compile_scope!r} is not one of {', '.join(COMPILE_SCOPES)}: 'layers' compiles "
+                "each ViT block and decoder layer, 'whole' the prefill and the decode step each as one graph."
+            )
 
 
-def _static_cache(llm: torch.nn.Module, max_len: int) -> Any:
+def _static_cache(llm: torch.nn.Module, max_len: int, stackable: bool = False) -> Any:
     from transformers import StaticCache
 
-    return StaticCache(config=llm.config, max_cache_len=max_len)
+    cache_class = _stackable_cache_class() if stackable else StaticCache
+    return cache_class(config=llm.config, max_cache_len=max_len)
+
+
+@functools.cache
+def _stackable_cache_class() -> type:
+    """transformers' `StaticCache`, whose layers' keys, values and write positions `stack` moves into one tensor
+    each (`[layers x batch x heads, length, head_dim]`, and `[layers]`), leaving each layer views of its part.
+
+    A decoder layer's attention updates its cache as `cache.update(keys, values, self.layer_idx)`; `StaticCache`
+    then picks the layer from a list, which a compiled layer can only do with `layer_idx` fixed: a graph per layer,
+    32 at 7B, past dynamo's limit of 8 per function. Stacked, the layer's rows are arithmetic on `layer_idx`, a
+    symbol of one graph for every layer. The writes are `StaticLayer.update`'s: the new keys and values at the
+    layer's write position on, which then advances by their length.
+    """
+    from transformers import StaticCache
+
+    class StackableStaticCache(StaticCache):
+        # Keys, values, write positions: set by `stack`.
+        stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+        def stack(self) -> None:
+            """Copy every layer's tensors (initialised by a first, eager call) into the stacked ones and leave the
+            layer views of them: once per decoder, before its compile (for that moment the cache is held twice)."""
+            if self.stacked is not None:
+                return
+            first = self.layers[0]
+            batch, heads, length, _ = first.keys.shape
+            rows = batch * heads
+            keys = first.keys.new_empty((len(self.layers) * rows, length, first.keys.shape[-1]))
+            values = first.values.new_empty((len(self.layers) * rows, length, first.values.shape[-1]))
+            positions = torch.stack([layer.cumulative_length for layer in self.layers])
+            for index, layer in enumerate(self.layers):
+                part = slice(index * rows, (index + 1) * rows)
+                keys[part].copy_(layer.keys.reshape(rows, length, -1))
+                values[part].copy_(layer.values.reshape(rows, length, -1))
+                layer.keys = keys[part].view(layer.keys.shape)
+                layer.values = values[part].view(layer.values.shape)
+                layer.cumulative_length = positions[index]
+            # Rows (layers x batch x heads) and cache length: symbols when compiled, as the layers' inputs' sizes.
+            for tensor, dim in itertools.product((keys, values), (0, 1)):
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            self.stacked = (keys, values, positions)
+
+        def update(
+            self,
+            key_states: torch.Tensor,
+            value_states: torch.Tensor,
+            layer_idx: int,
+            *args: Any,
+            **kwargs: Any,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.stacked is None:
+                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            keys, values, positions = self.stacked
+            batch, heads, new, _ = key_states.shape
+            first = layer_idx * batch * heads
+            rows = (first + torch.arange(batch * heads, device=keys.device))[:, None]
+            slots = (positions[layer_idx] + torch.arange(new, device=keys.device))[None, :]
+            keys.index_put_((rows, slots), key_states.reshape(batch * heads, new, -1))
+            values.index_put_((rows, slots), value_states.reshape(batch * heads, new, -1))
+            positions[layer_idx].add_(new)
+            length = keys.shape[1]
+            return (
+                keys[first : first + batch * heads].view(batch, heads, length, -1),
+                values[first : first + batch * heads].view(batch, heads, length, -1),
+            )
+
+    return StackableStaticCache
 
 
 def cache_kwarg(llm: torch.nn.Module) -> str:
@@ -123,6 +212,59 @@ def compiled_function(
     return kept[function.__name__]
 
 
+def compiled_blocks(vlm: PrismaticVLM) -> list[tuple[torch.nn.Module, Callable[..., Any]]]:
+    """Every block that runs (`running_blocks`) with its `forward` compiled, made once and kept with the model.
+    The blocks of a stack share their code, so they share its graphs too: one per block type and shape kind."""
+    from prismatic.models.parallelize import running_blocks
+
+    kept = vlm.__dict__.get("_static_compiled_blocks")
+    if kept is None:
+        kept = [
+            (block, _sizes_symbolic(torch.compile(block.forward, fullgraph=True)))
+            for block in running_blocks(vlm)
+        ]
+        vlm.__dict__["_static_compiled_blocks"] = kept
+    return kept
+
+
+def _sizes_symbolic(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiled`, called with every size of its tensor arguments marked symbolic (batch, lengths; a size a weight
+    fixes, or a size of 1, is specialised by the compiler all the same): one graph for all shapes of a kind, as
+    `_mark_dynamic` gives the whole functions. Not `dynamic=True`: that would make every int on a module a symbol
+    (head sizes, epsilons), where only `layer_idx` needs to be one."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        pending = [*args, *kwargs.values()]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, (tuple, list)):
+                pending.extend(value)
+            elif isinstance(value, torch.Tensor):
+                for dim in range(value.dim()):
+                    torch._dynamo.maybe_mark_dynamic(value, dim)
+        return compiled(*args, **kwargs)
+
+    return forward
+
+
+@contextmanager
+def _blocks_compiled(blocks: list[tuple[torch.nn.Module, Callable[..., Any]]]) -> Iterator[None]:
+    """The blocks run their compiled `forward` inside (and only inside: the model stays as it was for any other
+    caller, training or the dynamic cache), with the dynamo settings that let one graph serve a whole stack."""
+    kept = [(block, block.__dict__.get("forward")) for block, _ in blocks]
+    for block, compiled in blocks:
+        block.forward = compiled
+    try:
+        with torch._dynamo.config.patch(**_LAYER_CONFIG):
+            yield
+    finally:
+        for block, forward in kept:
+            if forward is None:
+                del block.forward
+            else:
+                block.forward = forward
+
+
 def _copy_into(target: Any, value: Any) -> None:
     if isinstance(target, dict):
         for key, item in target.items():
@@ -138,7 +280,8 @@ class StaticDecoder:
     def __init__(self, vlm: PrismaticVLM, shape: tuple[int, int, int, int], options: StepOptions) -> None:
         self.vlm, self.llm, self.options, self.choose = vlm, vlm.llm_backbone.llm, options, options.choose
         batch_size, text_len, seq_len, max_len = shape
-        self.cache = _static_cache(self.llm, max_len)
+        self.layerwise = options.compile_steps and options.compile_scope == "layers"
+        self.cache = _static_cache(self.llm, max_len, stackable=self.layerwise)
         self.model_kwargs = {cache_kwarg(self.llm): self.cache, "use_cache": True, **options.keep_last}
         device = self.llm.get_input_embeddings().weight.device
         # Inputs of the prefill, refilled from each request (`load`).
@@ -267,11 +410,20 @@ class StaticDecoder:
         uncompiled functions, with one WARNING."""
         if COMPILE_FAILED in self.vlm.__dict__:
             return fn
-        self._mark_dynamic()
-        compiled = compiled_function(self.vlm, fn.__func__)
+        if self.layerwise:
+            self.cache.stack()
+            blocks = compiled_blocks(self.vlm)
 
-        def run() -> None:
-            compiled(self)
+            def run() -> None:
+                with _blocks_compiled(blocks):
+                    fn()
+
+        else:
+            self._mark_dynamic()
+            compiled = compiled_function(self.vlm, fn.__func__)
+
+            def run() -> None:
+                compiled(self)
 
         try:
             with self._state_kept():
@@ -338,7 +490,8 @@ def static_decode(
     seq_len = mask.shape[1]
     shape = (len(prompt_ids), ids.shape[1], seq_len, round_up(seq_len + num_tokens, CACHE_BUCKET))
     dtype = vlm.llm_backbone.llm.get_input_embeddings().weight.dtype
-    key = (shape, dtype, options.choose_key, options.use_graph, options.compile_steps, proprio is not None)
+    compiled = options.compile_scope if options.compile_steps else None
+    key = (shape, dtype, options.choose_key, options.use_graph, compiled, proprio is not None)
     kept = vlm.__dict__.setdefault("_static_decoders", OrderedDict())
     decoder = kept.get(key)
     if decoder is None:

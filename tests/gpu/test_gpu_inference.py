@@ -106,12 +106,14 @@ def test_frames_are_normalised_on_the_gpu_as_on_the_host(policy: VLAPolicy, devi
     np.testing.assert_array_equal(actions, host_actions)
 
 
+@pytest.mark.parametrize("scope", ["layers", "whole"])
 def test_compiled_decoding_gives_the_uncompiled_ids(
-    device: torch.device, caplog: pytest.LogCaptureFixture
+    device: torch.device, caplog: pytest.LogCaptureFixture, scope: str
 ) -> None:
-    """`VLAPolicy.compile_decoding`: the prefill and the decode step compiled by inductor, then captured as CUDA
-    graphs. In FP32 the ids equal the uncompiled graphs' (first call and replay; a batch, a single request, and
-    another batch size whose graphs take the batch's compiled code with other sizes), and nothing fell back."""
+    """`VLAPolicy.compile_decoding`: the prefill and the decode step compiled by inductor (each block, or each
+    function whole: `compile_scope`), then captured as CUDA graphs. In FP32 the ids equal the uncompiled graphs'
+    (first call and replay; a batch, a single request, and another batch size whose graphs take the batch's
+    compiled code with other sizes), and nothing fell back."""
     torch.manual_seed(0)
     policy = VLAPolicy(load(BASE), {"ds": action_statistics()}, BASE, device, torch.float32)
     policy.static_cache = (
@@ -121,7 +123,7 @@ def test_compiled_decoding_gives_the_uncompiled_ids(
     plain = policy.decode_batch(images, INSTRUCTIONS, "ds")
     plain_alone = policy.decode_batch(images[:1], INSTRUCTIONS[:1], "ds")
     plain_three = policy.decode_batch(images[1:], INSTRUCTIONS[1:], "ds")
-    policy.compile_decoding = True
+    policy.compile_decoding, policy.compile_scope = True, scope
     with caplog.at_level(logging.WARNING):
         compiled = policy.decode_batch(images, INSTRUCTIONS, "ds")
         replayed = policy.decode_batch(images, INSTRUCTIONS, "ds")

@@ -137,9 +137,11 @@ def test_two_views_and_proprio_in_the_prefix() -> None:
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "phi"])
-def test_other_llm_families_decode_the_same(model_type: str) -> None:
+def test_other_llm_families_decode_the_same(model_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Qwen2 (biased q/k/v projections) and Phi (partial rotary, biased LM head) take the static path too: the
-    same ids as the dynamic cache, on tiny random models of each architecture."""
+    same ids as the dynamic cache, on tiny random models of each architecture, also with the decode step's
+    layers compiled (`compile_steps`, the default `compile_scope`: their cache writes go through the stacked
+    cache as Llama's do)."""
     from prismatic.models.backbones.llm.hf_causal import HFCausalLLMBackbone
     from prismatic.models.backbones.llm.prompting import PurePromptBuilder
     from prismatic.models.backbones.llm.registry import LLMBackboneSpec
@@ -172,6 +174,14 @@ def test_other_llm_families_decode_the_same(model_type: str) -> None:
     static = greedy_decode(vlm, prompts, pixels, 7, options=DecodeOptions(static_cache=True), **kwargs)
     assert torch.equal(static.token_ids, dynamic.token_ids)
     torch.testing.assert_close(static.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
+    monkeypatch.setattr(
+        static_decoding, "COMPILED", ("step",)
+    )  # the layers' graphs; the prefill's ViT is Llama's
+    options = DecodeOptions(static_cache=True, compile_steps=True)
+    compiled = greedy_decode(vlm, prompts, pixels, 7, options=options, **kwargs)
+    assert static_decoding.COMPILE_FAILED not in vlm.__dict__
+    assert torch.equal(compiled.token_ids, dynamic.token_ids)
+    torch.testing.assert_close(compiled.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
 
 
 def test_sliding_window_models_keep_the_dynamic_cache() -> None:

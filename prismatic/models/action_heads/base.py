@@ -42,6 +42,9 @@ class DecodeRequest:
     use_cache: bool = True  # token heads: KV-cached decoding (False re-runs the sequence; same result)
     static_cache: bool | None = None  # token heads: CUDA-graph replay over a static cache (None: on CUDA)
     compile_steps: bool = False  # token heads, static cache: torch.compile its prefill and step first
+    compile_scope: str = (
+        "layers"  # what compile_steps compiles: each block ("layers") or each function ("whole")
+    )
 
 
 @dataclass(frozen=True)

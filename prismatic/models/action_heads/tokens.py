@@ -152,6 +152,7 @@ class TokenActionHead(ActionHead):
                 use_cache=request.use_cache,
                 static_cache=request.static_cache,
                 compile_steps=request.compile_steps,
+                compile_scope=request.compile_scope,
             ),
         )
         token_ids, logprobs = tokens.token_ids.numpy(), tokens.logprobs.numpy()
