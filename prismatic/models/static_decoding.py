@@ -100,8 +100,8 @@ def _static_cache(llm: torch.nn.Module, max_len: int, stackable: bool = False) -
 
 @functools.cache
 def _stackable_cache_class() -> type:
-    """transformers' `StaticCache`, whose layers' keys, values and write positions `stack` moves into one tensor
-    each (`[layers x batch x heads, length, head_dim]`, and `[layers]`), leaving each layer views of its part.
+    """transformers' `StaticCache` with every layer's keys, values and write position in one tensor each
+    (`[layers x batch x heads, length, head_dim]`, and `[layers]`), each layer holding views of its part.
 
     A decoder layer's attention updates its cache as `cache.update(keys, values, self.layer_idx)`; `StaticCache`
     then picks the layer from a list, which a compiled layer can only do with `layer_idx` fixed: a graph per layer,
@@ -112,26 +112,23 @@ def _stackable_cache_class() -> type:
     from transformers import StaticCache
 
     class StackableStaticCache(StaticCache):
-        # Keys, values, write positions: set by `stack`.
+        # Keys, values, write positions: allocated by the first write (the decoder's first, eager call).
         stacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-        def stack(self) -> None:
-            """Copy every layer's tensors (initialised by a first, eager call) into the stacked ones and leave the
-            layer views of them: once per decoder, before its compile (for that moment the cache is held twice)."""
-            if self.stacked is not None:
-                return
-            first = self.layers[0]
-            batch, heads, length, _ = first.keys.shape
-            rows = batch * heads
-            keys = first.keys.new_empty((len(self.layers) * rows, length, first.keys.shape[-1]))
-            values = first.values.new_empty((len(self.layers) * rows, length, first.values.shape[-1]))
-            positions = torch.stack([layer.cumulative_length for layer in self.layers])
+        def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            """The stacked tensors, shaped after the first write's; each layer initialised by transformers (its
+            attributes) and then pointed at its rows, one at a time (its own tensors freed at once)."""
+            batch, heads = key_states.shape[:2]
+            rows, length = batch * heads, self.layers[0].max_cache_len
+            keys = key_states.new_zeros((len(self.layers) * rows, length, key_states.shape[-1]))
+            values = value_states.new_zeros((len(self.layers) * rows, length, value_states.shape[-1]))
+            positions = torch.zeros(len(self.layers), dtype=torch.long, device=key_states.device)
             for index, layer in enumerate(self.layers):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(key_states, value_states)
                 part = slice(index * rows, (index + 1) * rows)
-                keys[part].copy_(layer.keys.reshape(rows, length, -1))
-                values[part].copy_(layer.values.reshape(rows, length, -1))
-                layer.keys = keys[part].view(layer.keys.shape)
-                layer.values = values[part].view(layer.values.shape)
+                layer.keys = keys[part].view(batch, heads, length, -1)
+                layer.values = values[part].view(batch, heads, length, -1)
                 layer.cumulative_length = positions[index]
             # Rows (layers x batch x heads) and cache length: symbols when compiled, as the layers' inputs' sizes.
             for tensor, dim in itertools.product((keys, values), (0, 1)):
@@ -147,7 +144,7 @@ def _stackable_cache_class() -> type:
             **kwargs: Any,
         ) -> tuple[torch.Tensor, torch.Tensor]:
             if self.stacked is None:
-                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+                self._allocate(key_states, value_states)
             keys, values, positions = self.stacked
             batch, heads, new, _ = key_states.shape
             first = layer_idx * batch * heads
@@ -411,7 +408,6 @@ class StaticDecoder:
         if COMPILE_FAILED in self.vlm.__dict__:
             return fn
         if self.layerwise:
-            self.cache.stack()
             blocks = compiled_blocks(self.vlm)
 
             def run() -> None:
