@@ -42,9 +42,8 @@ class DecodeRequest:
     use_cache: bool = True  # token heads: KV-cached decoding (False re-runs the sequence; same result)
     static_cache: bool | None = None  # token heads: CUDA-graph replay over a static cache (None: on CUDA)
     compile_steps: bool = False  # token heads, static cache: torch.compile its prefill and step first
-    compile_scope: str = (
-        "layers"  # what compile_steps compiles: each block ("layers") or each function ("whole")
-    )
+    # What compile_steps compiles: each ViT block and decoder layer ("layers") or each function ("whole").
+    compile_scope: str = "layers"
 
 
 @dataclass(frozen=True)
