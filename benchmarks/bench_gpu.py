@@ -26,9 +26,10 @@ device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, hos
 that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
 cases run the GPU cases' architectures at width 64 with every layer and block, so the count is the 7B step's). Each
 case runs under `variants`: `before` is every speed flag off (torch's default AdamW, full logits, the padding mask,
-eager, each step read before the next is queued, FSDP2), `new` the defaults (`auto`: on a GPU every case trains
-under DDP, compiles its blocks and replays them from CUDA graphs, and steps overlap); `+compile`,
-`+no-compile`, `+sac-ops`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`,
+eager, each step read before the next is queued, FSDP2, every layer recomputed whole), `new` the defaults (`auto`:
+on a GPU every case trains under DDP, compiles its blocks and replays them from CUDA graphs, steps overlap, and a
+LoRA case keeps its matmul outputs, `selective-ops`, where they fit); `+compile`,
+`+no-compile`, `+sac-ops`, `+full-ac`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`,
 `+grad-op`, `+per-param-copy` (DDP's gradient copies one by one), `+cudagraphs` and `+no-cudagraphs`
 (`--vla.compile_mode`: compiled blocks replayed from CUDA graphs, or launched one by one) change one means each
 (`MODIFIERS`), e.g. `new+compile+sac-ops`. On a GPU the variants are `new` alone unless `--variants` says otherwise
@@ -136,6 +137,9 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "compile": {"compile": "on"},
     "no-compile": {"compile": "off"},
     "sac-ops": {"checkpointing_policy": "selective-ops"},
+    "full-ac": {
+        "checkpointing_policy": "full"
+    },  # every layer recomputed whole, where `auto` keeps matmul outputs
     "every-2": {"checkpointing_policy": "every-2"},
     "no-ac": {"enable_gradient_checkpointing": False},
     "live-data": {},  # batches made by the transform and collator on every step, on the loop's thread
@@ -262,6 +266,7 @@ def _vla(
         overlap_steps="off" if before else "auto",
         batched_grad_copy="off" if before else "auto",
         train_strategy="fsdp-full-shard" if before else "auto",
+        checkpointing_policy="full" if before else "auto",
     )
     for name, value in {**variant_overrides, **(overrides or {})}.items():
         setattr(vla, name, value)
@@ -468,6 +473,8 @@ def run_training_case(
         "world_size": world,  # ranks (torchrun); samples_per_s counts all of them, model_tflops and MFU one GPU
         "strategy": type(strategy).__name__,  # what `--vla.train_strategy` resolved to
         "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: every case here, under DDP on a GPU)
+        # What `--vla.checkpointing_policy` resolved to (`auto`: selective-ops for LoRA on a GPU where it fits).
+        "checkpointing": strategy.checkpointing_policy if vla.enable_gradient_checkpointing else "off",
         "pad_to_multiple": strategy.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
         "ms_per_step": round(step_s * 1e3, 1),
         "samples_per_s": round(samples_per_s, 2),

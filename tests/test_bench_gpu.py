@@ -69,6 +69,8 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         assert r["host_syncs_per_step"] == 0 and r["mfu_pct"] is None  # CPU: no device to wait for, no peak
         assert isinstance(r["aten_ops_per_step"], int) and r["aten_ops_per_step"] > 100
         assert r["compiled"] is False  # `auto` compiles on CUDA only (the LoRA case's blocks there)
+    # What each row recomputed by: `before` every layer whole, `+sac-ops` the named policy.
+    assert [r["checkpointing"] for r in training] == ["full", "selective-ops"] * 2
     # Selective checkpointing keeps the matmuls' outputs: the backward re-runs fewer ops than full recomputation.
     assert training[1]["aten_ops_per_step"] < training[0]["aten_ops_per_step"]
     assert training[3]["aten_ops_per_step"] < training[2]["aten_ops_per_step"]

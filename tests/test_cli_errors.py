@@ -165,7 +165,7 @@ CASES = [
         "checkpointing-policy",
         "train",
         (*TINY, "--vla.checkpointing_policy", "every-0"),
-        ("Unknown checkpointing_policy 'every-0'", "full, selective-ops, every-N (N >= 1)"),
+        ("Unknown checkpointing_policy 'every-0'", "auto, full, selective-ops, every-N (N >= 1)"),
     ),
     Case(
         "negative-prefetch",

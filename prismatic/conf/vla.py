@@ -32,7 +32,8 @@ SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
 # Field metadata of the speed flags: the command line and config files also take true / false for on / off (a
 # run's config.yaml from before `compile` took `auto` says `compile: false`), and the flag alone means on.
 SWITCH = {"switch": True}
-CHECKPOINTING_POLICIES = ("full", "selective-ops", "every-N (N >= 1)")  # --vla.checkpointing_policy
+# --vla.checkpointing_policy; `auto` picks one of the others per run (`strategies.activation_memory`).
+CHECKPOINTING_POLICIES = ("auto", "full", "selective-ops", "every-N (N >= 1)")
 # --vla.compile_mode: how compiled blocks launch their kernels, as torch.compile's keyword arguments per name (`auto`,
 # the default, picks one per run: `prismatic.training.strategies.blocks_compile_mode`). Both run inductor's kernels;
 # they differ in what the host does per launch, which bounds a launch-bound step.
@@ -107,7 +108,10 @@ class VLAConfig(ChoiceRegistry):
 
     # Memory and precision
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
-    checkpointing_policy: str = "full"  # full, selective-ops (keeps matmul outputs) or every-N (Nth layers)
+    # auto: selective-ops for LoRA on CUDA where its activations fit (measured faster), else full.
+    checkpointing_policy: str = (
+        "auto"  # auto, full, selective-ops (keeps matmul outputs) or every-N (Nth layers)
+    )
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
@@ -205,12 +209,13 @@ class VLAConfig(ChoiceRegistry):
                     f"Unknown {name} '{value}' (--vla.{name}).{did_you_mean(value, choices)} Valid choices: "
                     f"{', '.join(choices)}."
                 )
-        if checkpointing_stride(self.checkpointing_policy) is None:
+        if self.checkpointing_policy != "auto" and checkpointing_stride(self.checkpointing_policy) is None:
             raise ConfigError(
                 f"Unknown checkpointing_policy '{self.checkpointing_policy}' (--vla.checkpointing_policy). full "
                 "recomputes every LLM decoder layer in the backward pass, selective-ops all of it but the matmul "
-                "and attention outputs, every-N the whole of layers 0, N, 2N, ... (N an integer >= 1)."
-                f"{did_you_mean(self.checkpointing_policy, CHECKPOINTING_POLICIES[:2])} Valid choices: "
+                "and attention outputs, every-N the whole of layers 0, N, 2N, ... (N an integer >= 1), auto "
+                "selective-ops for LoRA on GPUs where it fits and full elsewhere."
+                f"{did_you_mean(self.checkpointing_policy, CHECKPOINTING_POLICIES[:3])} Valid choices: "
                 f"{', '.join(CHECKPOINTING_POLICIES)}."
             )
         for name in (

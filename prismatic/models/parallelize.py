@@ -158,7 +158,8 @@ def apply_llm_activation_checkpointing(vlm: PrismaticVLM, policy: str = "full") 
     every = checkpointing_stride(policy)
     if every is None:
         raise ValueError(
-            f"Unknown checkpointing policy {policy!r}: valid are {', '.join(CHECKPOINTING_POLICIES)}."
+            f"Unknown checkpointing policy {policy!r}: valid are {', '.join(CHECKPOINTING_POLICIES[1:])} (`auto` is "
+            "resolved by the strategy first)."
         )
     wrap = SelectiveCheckpointWrapper if policy == "selective-ops" else checkpoint_wrapper
     layers = vlm.llm_backbone.get_layers()

@@ -17,15 +17,26 @@ from prismatic.util.errors import RankError
 
 
 def out_of_memory_message(
-    torch_message: str, rank: int, where: str, vla: VLAConfig, strategy: str, world: int, cuda_graphs: bool
+    torch_message: str,
+    rank: int,
+    where: str,
+    vla: VLAConfig,
+    strategy: str,
+    world: int,
+    cuda_graphs: bool,
+    checkpointing_policy: str | None = None,
 ) -> str:
     """The paragraph for an out-of-memory error torch raised with `torch_message` on `rank`, `where` ("while
     setting up", "after step 3"), in a run of `world` ranks under `strategy` (a registered name; its blocks
-    replayed from CUDA graphs or not): what the run trained with and each flag that would lower its peak."""
+    replayed from CUDA graphs or not) recomputing by `checkpointing_policy` (what `--vla.checkpointing_policy`
+    resolved to; None: the flag as given): what the run trained with and each flag that would lower its peak."""
     ddp = strategy == "ddp"
     chosen = " (chosen by --vla.train_strategy auto)" if vla.train_strategy == AUTO else ""
+    policy = checkpointing_policy or vla.checkpointing_policy
+    resolved = vla.checkpointing_policy == AUTO and policy != AUTO
     checkpointing = (
-        f"activation checkpointing {vla.checkpointing_policy}"
+        f"activation checkpointing {policy}"
+        + (" (chosen by --vla.checkpointing_policy auto)" if resolved else "")
         if vla.enable_gradient_checkpointing
         else "no activation checkpointing"
     )
@@ -38,7 +49,7 @@ def out_of_memory_message(
         )
     if not vla.enable_gradient_checkpointing:
         ways.append("--vla.enable_gradient_checkpointing true")
-    elif vla.checkpointing_policy != "full":
+    elif policy not in ("full", AUTO):
         ways.append("--vla.checkpointing_policy full (recomputes every layer, keeps the least)")
     if ddp and (world > 1 or not vla.use_lora):
         ways.append(
@@ -75,6 +86,13 @@ def explain_out_of_memory(
         name = TRAIN_STRATEGIES.name_of(type(strategy)) or type(strategy).__name__
         info = strategy.dist
         message = out_of_memory_message(
-            str(error), info.rank, where(), vla, name, info.world_size, strategy.cuda_graphs
+            str(error),
+            info.rank,
+            where(),
+            vla,
+            name,
+            info.world_size,
+            strategy.cuda_graphs,
+            strategy.checkpointing_policy,
         )
         raise RankError(message) from None

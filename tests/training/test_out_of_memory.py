@@ -27,12 +27,16 @@ def _vla(**fields):
 def test_lora_under_ddp_on_eight_gpus_names_every_way_to_a_lower_peak() -> None:
     vla = _vla(use_lora=True, per_device_batch_size=16, global_batch_size=256)
     assert vla.train_strategy == "auto" and vla.enable_gradient_checkpointing
-    message = out_of_memory_message(TORCH_SAYS, 3, "after step 12", vla, "ddp", 8, cuda_graphs=True)
+    message = out_of_memory_message(
+        TORCH_SAYS, 3, "after step 12", vla, "ddp", 8, cuda_graphs=True, checkpointing_policy="selective-ops"
+    )
     assert message == (
         "Rank 3 ran out of GPU memory after step 12, training under ddp (chosen by --vla.train_strategy auto) with "
-        "--vla.per_device_batch_size 16, activation checkpointing full, blocks replayed from CUDA graphs. torch: "
+        "--vla.per_device_batch_size 16, activation checkpointing selective-ops (chosen by "
+        "--vla.checkpointing_policy auto), blocks replayed from CUDA graphs. torch: "
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.19 GiB. To lower the "
         "peak: a smaller --vla.per_device_batch_size (gradient accumulation keeps --vla.global_batch_size 256); "
+        "or --vla.checkpointing_policy full (recomputes every layer, keeps the least); "
         "or --vla.train_strategy fsdp-full-shard (DDP keeps a full replica of the model on every GPU; FSDP2 "
         "shards it over the 8 GPUs); or --vla.compile_mode default (CUDA graphs keep memory pools of their own)."
     )
@@ -117,7 +121,7 @@ def test_a_run_out_of_memory_exits_2_with_one_paragraph(toy_data_root: Path, tmp
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert line.startswith(
         "error: Rank 0 ran out of GPU memory after step 1, training under ddp with --vla.per_device_batch_size 8, "
-        "activation checkpointing full. torch: CUDA out of memory. Tried to allocate 20.00 GiB. To lower the peak: "
+        "activation checkpointing full (chosen by --vla.checkpointing_policy auto). torch: CUDA out of memory. Tried to allocate 20.00 GiB. To lower the peak: "
         "a smaller --vla.per_device_batch_size (gradient accumulation keeps --vla.global_batch_size "
     ), line
     assert "or --vla.train_strategy fsdp-full-shard" in line  # a full fine-tune under DDP

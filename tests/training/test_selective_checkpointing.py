@@ -231,12 +231,12 @@ def test_bad_policy_is_refused_with_the_choices(value: str) -> None:
         VLAConfig(checkpointing_policy=value)
     message = str(error.value)
     assert f"Unknown checkpointing_policy '{value}' (--vla.checkpointing_policy)." in message
-    assert message.endswith("Valid choices: full, selective-ops, every-N (N >= 1).")
+    assert message.endswith("Valid choices: auto, full, selective-ops, every-N (N >= 1).")
     assert "\n" not in message
 
 
 def test_good_policies_are_accepted() -> None:
-    for value in ("full", "selective-ops", "every-1", "every-2", "every-16"):
+    for value in ("auto", "full", "selective-ops", "every-1", "every-2", "every-16"):
         assert VLAConfig(checkpointing_policy=value).checkpointing_policy == value
 
 

@@ -25,6 +25,7 @@ from prismatic.models.parallelize import (
 )
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.optim import adamw_implementation, build_lr_scheduler, build_optimizer
+from prismatic.training.strategies.activation_memory import choose_checkpointing_policy
 from prismatic.util.dist import DistInfo, first_over_ranks
 from prismatic.util.errors import ConfigError
 
@@ -64,6 +65,8 @@ class TrainingStrategy(ABC):
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.sync_every_micro_batch = False
         self.causal_mask_only = vla.speed_option("causal_mask_only", dist_info.device)
+        # What activation checkpointing recomputes: `--vla.checkpointing_policy`, resolved by `setup` where `auto`.
+        self.checkpointing_policy = vla.checkpointing_policy
         self.compiled = False  # whether `setup` compiled the blocks (`--vla.compile`)
 
     @property
@@ -104,7 +107,10 @@ class TrainingStrategy(ABC):
         """Activation checkpointing, parallel wrapping (which also fills ranks that built the model on the meta
         device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
         if self.vla.enable_gradient_checkpointing:
-            apply_llm_activation_checkpointing(self.vlm, self.vla.checkpointing_policy)
+            self.checkpointing_policy = choose_checkpointing_policy(
+                self.vla, self.vlm, self.dist.device, self.mixed_precision
+            )
+            apply_llm_activation_checkpointing(self.vlm, self.checkpointing_policy)
         if self.compile_mode is not None:
             compile_kwargs = COMPILE_MODES[self.compile_mode]
             self.compiled = self._compiler_works(compile_kwargs)
@@ -144,7 +150,7 @@ class TrainingStrategy(ABC):
     def _log_speed_flags(self, optimizer_impl: str) -> None:
         """One line with what each `auto` speed flag resolved to on this device (config.yaml records `auto`)."""
         vla, device = self.vla, self.dist.device
-        checkpointing = vla.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
+        checkpointing = self.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
         logger.info(
             "Speed flags on %s: AdamW %s, LM head only at labels (tokens head) %s, padding mask dropped %s, "
             "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s%s%s "
