@@ -137,9 +137,7 @@ MODIFIERS: dict[str, dict[str, Any]] = {
     "compile": {"compile": "on"},
     "no-compile": {"compile": "off"},
     "sac-ops": {"checkpointing_policy": "selective-ops"},
-    "full-ac": {
-        "checkpointing_policy": "full"
-    },  # every layer recomputed whole, where `auto` keeps matmul outputs
+    "full-ac": {"checkpointing_policy": "full"},  # layers recomputed whole where `auto` keeps matmuls
     "every-2": {"checkpointing_policy": "every-2"},
     "no-ac": {"enable_gradient_checkpointing": False},
     "live-data": {},  # batches made by the transform and collator on every step, on the loop's thread

@@ -108,10 +108,9 @@ class VLAConfig(ChoiceRegistry):
 
     # Memory and precision
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
-    # auto: selective-ops for LoRA on CUDA where its activations fit (measured faster), else full.
-    checkpointing_policy: str = (
-        "auto"  # auto, full, selective-ops (keeps matmul outputs) or every-N (Nth layers)
-    )
+    # auto (selective-ops for LoRA on CUDA where what it keeps fits: measured faster, else full), full,
+    # selective-ops (keeps the matmul outputs) or every-N (every Nth layer)
+    checkpointing_policy: str = "auto"
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
