@@ -13,13 +13,13 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from prismatic.util.errors import ConfigError, lookup
+from prismatic.util.lazy import import_file
 
 T = TypeVar("T")
 
@@ -211,18 +211,11 @@ def _import_plugin_file(path_text: str) -> None:
             "Python file that registers datasets, mixtures or models, or an importable module name."
         )
     module_name = f"prismatic_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-    if module_name in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        import_file(module_name, path)
     except ConfigError:
-        del sys.modules[module_name]
         raise
     except Exception as err:  # noqa: BLE001 (whatever the user's file raises, name the file)
-        del sys.modules[module_name]
         raise ConfigError(
             f"Plugin file '{path}' (from --plugins / ${PLUGINS_ENV}) failed while being imported: "
             f"{type(err).__name__}: {err}"

@@ -17,10 +17,30 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from prismatic.util.errors import lookup
+
+
+def import_file(module_name: str, path: Path) -> ModuleType:
+    """The Python file `path` imported as the module `module_name`, once per process: kept in `sys.modules` (where
+    dataclasses and pickling look their module up) from before it runs, and removed again if it raises."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
 
 
 def lazy_getattr(package: str, lazy: Mapping[str, str]) -> Callable[[str], Any]:
