@@ -82,10 +82,10 @@ from prismatic.models.backbones.vision.registry import (  # noqa: E402
     ViTSpec,
     get_vision_backbone_spec,
 )
+from prismatic.models.compile_scope import COMPILE_SCOPES  # noqa: E402
 from prismatic.models.lora import apply_lora  # noqa: E402
 from prismatic.models.materialize import VLMArchitecture, build_vlm, build_vlm_from_spec  # noqa: E402
 from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
-from prismatic.models.static_decoding import COMPILE_SCOPES  # noqa: E402
 from prismatic.models.vlms.prismatic import PrismaticVLM  # noqa: E402
 from prismatic.training.metrics import StepMetrics  # noqa: E402
 from prismatic.training.preemption import PreemptionHandler  # noqa: E402

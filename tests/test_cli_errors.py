@@ -486,6 +486,12 @@ CASES = [
         ("--checkpoint", "{tmp}", "--max_wait_ms", "-5"),
         ("--max_wait_ms must be >= 0",),
     ),
+    Case(
+        "serve-compile-scope",
+        "serve",
+        ("--checkpoint", "{tmp}", "--compile_decoding", "true", "--compile_scope", "wholee"),
+        ("--compile_scope 'wholee' is not a scope", "Did you mean 'whole'?", "'layers' (the default"),
+    ),
     # --- eval_libero.py (caught before the simulator or the policy loads) ---------------------------------------
     Case(
         "eval-libero-suite",
@@ -516,6 +522,12 @@ CASES = [
         "eval_libero",
         ("--policy_url", "http://localhost:8000", "--compile_decoding", "true"),
         ("--compile_decoding applies to a policy loaded here", "serve.py --compile_decoding true"),
+    ),
+    Case(
+        "eval-libero-compile-scope-alone",
+        "eval_libero",
+        ("--checkpoint", "{tmp}", "--compile_scope", "whole"),
+        ("--compile_scope whole says what --compile_decoding compiles", "Add --compile_decoding true"),
     ),
 ]
 SCRIPT_NAMES = sorted(p.stem for p in SCRIPTS.glob("*.py"))

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from prismatic.models.compile_scope import DEFAULT_COMPILE_SCOPE, check_compile_scope
 from prismatic.run_layout import LIBERO_EVAL_DIR, LIBERO_RESULTS_FILE, LIBERO_VIDEOS_DIR
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError
@@ -69,6 +70,7 @@ class EvalLiberoConfig:
     dtype: str | None = None  # float32 / bfloat16 / float16; default bf16 on GPU, fp32 on CPU
     hf_token: str | None = None  # for gated Hub repos
     compile_decoding: bool = False  # torch.compile the static-cache decode steps (with --checkpoint)
+    compile_scope: str = DEFAULT_COMPILE_SCOPE  # with --compile_decoding: "layers" (each block) or "whole"
 
     def __post_init__(self) -> None:
         if (self.checkpoint is None) == (self.policy_url is None):
@@ -86,6 +88,7 @@ class EvalLiberoConfig:
                 "--compile_decoding applies to a policy loaded here (--checkpoint); with --policy_url the server "
                 "decodes: start it with `vla_scripts/serve.py --compile_decoding true` instead."
             )
+        check_compile_scope(self.compile_scope, self.compile_decoding)
         for name in ("num_trials_per_task", "num_envs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}.")
@@ -130,7 +133,7 @@ def open_source(cfg: EvalLiberoConfig) -> Any:
     from prismatic.inference import load_policy
 
     policy = load_policy(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, hf_token=cfg.hf_token)
-    policy.compile_decoding = cfg.compile_decoding
+    policy.compile_decoding, policy.compile_scope = cfg.compile_decoding, cfg.compile_scope
     return InProcessSource(policy, policy.trained_with_image_aug)
 
 

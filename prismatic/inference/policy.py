@@ -39,6 +39,7 @@ from PIL import Image
 from prismatic.inference.pixels import DevicePixels
 from prismatic.models.action_heads import DecodeRequest, build_action_head
 from prismatic.models.checkpoint_format import run_folder_of
+from prismatic.models.compile_scope import DEFAULT_COMPILE_SCOPE
 from prismatic.models.decoding import PolicyInputError
 from prismatic.models.loading import load_vla
 from prismatic.models.vlms.prismatic import PrismaticVLM
@@ -139,10 +140,10 @@ class VLAPolicy:
         # False keeps the dynamic cache (`prismatic.models.static_decoding`; the ids are the same).
         self.static_cache: bool | None = None
         # With the static cache, `torch.compile` its prefill and decode step before capture (fused kernels; off:
-        # the first single request and the first larger batch each compile, tens of seconds at 7B). What compiles:
-        # each ViT block and decoder layer ("layers"), or each function "whole" (`static_decoding.COMPILE_SCOPES`).
+        # the first single request and the first larger batch each compile, tens of seconds at 7B). What compiles
+        # (`prismatic.models.compile_scope`): each ViT block and decoder layer ("layers"), or each function "whole".
         self.compile_decoding = False
-        self.compile_scope = "layers"
+        self.compile_scope = DEFAULT_COMPILE_SCOPE
         # Arrays at the backbone's size normalised by the device (`prismatic.inference.pixels`: bytes up, the same
         # pixel values); None: on accelerators, where it saves the host's look-ups and a 4x larger upload.
         self.pixels_on_device: bool | None = None

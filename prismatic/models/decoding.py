@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prismatic.models import static_decoding
+from prismatic.models.compile_scope import DEFAULT_COMPILE_SCOPE
 from prismatic.models.prompt_layout import layout, prompt_embeddings
 from prismatic.util.errors import ConfigError
 
@@ -58,7 +59,7 @@ class DecodeOptions:
     # On the static cache, `torch.compile` the prefill and the decode step before capturing them.
     compile_steps: bool = False
     # What `compile_steps` compiles: each ViT block and decoder layer ("layers"), or each function "whole".
-    compile_scope: str = "layers"
+    compile_scope: str = DEFAULT_COMPILE_SCOPE
 
 
 def openvla_action_ids(
@@ -138,8 +139,8 @@ def greedy_decode(
             capturing them: the same operations in fewer, fused kernels (ids pinned equal in FP32 on CPU;
             fused kernels may round differently in the last bits). Where compiling fails: one WARNING, and
             uncompiled decoding.
-            `compile_scope`: what `compile_steps` compiles (`static_decoding.COMPILE_SCOPES`): "layers", each
-            ViT block and decoder layer (one graph per stack: minutes less at 7B), or "whole", each function.
+            `compile_scope`: what `compile_steps` compiles (`prismatic.models.compile_scope`): "layers", each ViT
+            block and decoder layer (one graph per stack: minutes less at 7B), or "whole", each function.
 
     Returns:
         The chosen ids and their log-probabilities, `[B, num_tokens]` each.

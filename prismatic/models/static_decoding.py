@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from prismatic.models.compile_scope import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE
 from prismatic.models.prompt_layout import layout, prompt_embeddings, round_up
 
 if TYPE_CHECKING:
@@ -59,8 +60,6 @@ MAX_GRAPHS = 4  # per model: each holds a static KV cache (B x layers x 2 x head
 
 Choose = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 COMPILED = ("prefill", "step")  # what `compile_steps` compiles (CPU tests: the step only, faster to compile)
-# How: each ViT block and LLM decoder layer (one graph per stack, whatever its depth), or each function whole.
-COMPILE_SCOPES = ("layers", "whole")
 # Layers: an int on a module that changes between calls (a decoder layer's `layer_idx`) becomes a symbol, so that
 # one graph serves every layer; room for the graphs of one request and of larger batches, prefill and step, per
 # block type, and whatever else in the process shares the blocks' code (training's compiled blocks).
@@ -81,7 +80,7 @@ class StepOptions:
     keep_last: dict[str, int]
     use_graph: bool
     compile_steps: bool = False
-    compile_scope: str = "layers"
+    compile_scope: str = DEFAULT_COMPILE_SCOPE
 
     def __post_init__(self) -> None:
         if self.compile_scope not in COMPILE_SCOPES:

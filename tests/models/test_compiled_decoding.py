@@ -21,10 +21,12 @@ import pytest
 import torch
 from scripts import import_script
 from torch._dynamo.utils import counters
+from train_runs import free_port
 
 from prismatic.inference import VLAPolicy
 from prismatic.models import build_vlm, static_decoding
 from prismatic.models.action_heads import ActionSpec, tokens
+from prismatic.models.compile_scope import COMPILE_SCOPES
 from prismatic.models.decoding import DecodeOptions, greedy_decode
 from prismatic.models.materialize import VLMArchitecture, build_vlm_from_spec
 from prismatic.models.registry import get_base_vlm_spec
@@ -83,7 +85,7 @@ def _decode(model, batch: int, allowed: range | None, prompts: list[list[int]] |
     )
 
 
-@pytest.mark.parametrize("scope", static_decoding.COMPILE_SCOPES)
+@pytest.mark.parametrize("scope", COMPILE_SCOPES)
 @pytest.mark.parametrize(
     ("batch", "allowed"),
     [(1, ACTION_IDS), (2, None)],
@@ -108,7 +110,7 @@ def test_compiled_step_ids_equal_the_dynamic_cache(
     torch.testing.assert_close(again.logprobs, dynamic.logprobs, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("scope", static_decoding.COMPILE_SCOPES)
+@pytest.mark.parametrize("scope", COMPILE_SCOPES)
 def test_one_compiled_step_serves_every_later_shape(model, step_only, scope: str) -> None:
     """Batch size and prompt and cache lengths are symbols in the compiled step's graphs: after one compile for a
     single request and one for a batch, new batch sizes and prompt lengths (other `TEXT_BUCKET`s and
@@ -242,10 +244,44 @@ def test_compile_decoding_flag_parses(script: str, name: str, tmp_path: Path) ->
     from prismatic.util.cli import parse_config
 
     config = getattr(import_script(script), name)
-    assert parse_config(config, ["--checkpoint", str(tmp_path)]).compile_decoding is False
+    default = parse_config(config, ["--checkpoint", str(tmp_path)])
+    assert (default.compile_decoding, default.compile_scope) == (False, "layers")
     assert (
         parse_config(config, ["--checkpoint", str(tmp_path), "--compile_decoding"]).compile_decoding is True
     )
+    whole = parse_config(
+        config, ["--checkpoint", str(tmp_path), "--compile_decoding", "true", "--compile_scope", "whole"]
+    )
+    assert (whole.compile_decoding, whole.compile_scope) == (True, "whole")
+
+
+def test_scripts_hand_the_compile_flags_to_the_policy(
+    model, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """`serve.py` and `eval_libero.py` decode with the scope they were given, not the policy's default."""
+    import prismatic.inference
+    from prismatic.inference import server
+    from prismatic.util.cli import parse_config
+
+    loaded = []
+
+    def load(*args, **kwargs) -> VLAPolicy:
+        loaded.append(VLAPolicy(model[0], None, "tiny", torch.device("cpu"), torch.float32))
+        return loaded[-1]
+
+    monkeypatch.setattr(prismatic.inference, "load_policy", load)
+    flags = ["--checkpoint", str(tmp_path), "--compile_decoding", "true", "--compile_scope", "whole"]
+    eval_libero = import_script("eval_libero")
+    eval_libero.open_source(parse_config(eval_libero.EvalLiberoConfig, flags))
+
+    serve = import_script("serve")
+    started = []
+    monkeypatch.setattr(serve, "warm_up", lambda policy, batch_size: None)
+    monkeypatch.setattr(server, "create_app", lambda policy, **kwargs: policy)
+    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: started.append(app))
+    serve.serve(parse_config(serve.ServeConfig, [*flags, "--port", str(free_port())]))
+    assert started == [loaded[1]]
+    assert [(p.compile_decoding, p.compile_scope) for p in loaded] == [(True, "whole")] * 2
 
 
 @pytest.mark.parametrize(("max_batch_size", "expected"), [(4, [4, 1]), (1, [1])])

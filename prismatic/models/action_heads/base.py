@@ -19,6 +19,7 @@ from torch import nn
 
 from prismatic.models.action_heads.registry import ActionSpec, is_chunked
 from prismatic.models.backbones.vision.base_vision import PixelValues
+from prismatic.models.compile_scope import DEFAULT_COMPILE_SCOPE
 
 
 @dataclass
@@ -43,7 +44,7 @@ class DecodeRequest:
     static_cache: bool | None = None  # token heads: CUDA-graph replay over a static cache (None: on CUDA)
     compile_steps: bool = False  # token heads, static cache: torch.compile its prefill and step first
     # What compile_steps compiles: each ViT block and decoder layer ("layers") or each function ("whole").
-    compile_scope: str = "layers"
+    compile_scope: str = DEFAULT_COMPILE_SCOPE
 
 
 @dataclass(frozen=True)
