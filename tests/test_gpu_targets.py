@@ -84,10 +84,7 @@ def test_bench_gpu_prints_the_verdicts_last(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         str(REPO / "benchmarks/bench_gpu.py"),
-        "--device",
-        "cpu",
-        "--cases",
-        "--no_predict",
+        *"--device cpu --cases --no_predict".split(),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
