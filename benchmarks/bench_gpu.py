@@ -85,7 +85,7 @@ from prismatic.models.backbones.vision.registry import (  # noqa: E402
     ViTSpec,
     get_vision_backbone_spec,
 )
-from prismatic.models.compile_scope import COMPILE_SCOPES  # noqa: E402
+from prismatic.models.compile_scope import COMPILE_SCOPES, DEFAULT_COMPILE_SCOPE  # noqa: E402
 from prismatic.models.lora import apply_lora  # noqa: E402
 from prismatic.models.materialize import VLMArchitecture, build_vlm, build_vlm_from_spec  # noqa: E402
 from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
@@ -632,7 +632,7 @@ def run_predict(
 def _decoding_mode(policy: Any, static: bool, scope: str | None) -> None:
     """The policy's decoding: static cache or dynamic, compiled with `scope` (`compile_scope`) or not."""
     policy.static_cache, policy.compile_decoding = static, scope is not None
-    policy.compile_scope = scope or "layers"
+    policy.compile_scope = scope or DEFAULT_COMPILE_SCOPE
 
 
 def pixel_values_ms(policy: Any, batch_images: list[Any], timed: Any) -> dict[str, float]:
@@ -712,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         "--compile_scopes",
         nargs="+",
         choices=COMPILE_SCOPES,
-        default=["layers"],
+        default=[DEFAULT_COMPILE_SCOPE],
         help="what compiled decoding compiles, a row each: every ViT block and decoder layer (layers, the policy's "
         "default), or the prefill and the decode step whole",
     )
