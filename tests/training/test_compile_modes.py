@@ -133,15 +133,20 @@ def _spy(monkeypatch: pytest.MonkeyPatch, name: str, owner: Any) -> list[tuple[A
 
 
 def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`reduce-overhead` reaches inductor (which, on CPU, skips the graphs and counts the skip), compiles each LLM layer with its
-    checkpoint wrapper (the recomputation inside the compiled backward), starts each step for the graphs and has
-    DDP reduce every micro-batch's gradients (out of the graphs' memory): the default mode's losses, which reduce
-    once per step, within FP32 tolerance (the wrapper compiled whole fuses differently)."""
+    """`default` compiles the blocks and reduces once per step (AOTAutograd's graphs here: the eager losses within
+    rounding). `reduce-overhead` reaches inductor (which, on CPU, skips the graphs and counts the skip), compiles
+    each LLM layer with its checkpoint wrapper (the recomputation inside the compiled backward), starts each step
+    for the graphs and has DDP reduce every micro-batch's gradients (out of the graphs' memory): the eager losses
+    within FP32 tolerance (inductor's kernels fuse differently)."""
     eager, _ = lora_ddp_steps("off")
-    default, strategy = lora_ddp_steps("on", "default")
+    with (
+        monkeypatch.context() as aot_eager
+    ):  # inductor's own kernels are timed by the reduce-overhead run below
+        aot_eager.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+        default, strategy = lora_ddp_steps("on", "default")
     assert strategy.compiled and not strategy.cuda_graphs and not strategy.sync_every_micro_batch
     assert eager[0] != eager[-1]  # the steps train
-    torch.testing.assert_close(default, eager, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(default, eager, rtol=1e-5, atol=1e-6)
 
     compiled = _spy(monkeypatch, "compile", torch)
     steps_begun = _spy(monkeypatch, "cudagraph_mark_step_begin", torch.compiler)
@@ -157,7 +162,7 @@ def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: 
     assert wrapped_whole == list(layers)
     blocks = [kwargs for fn, kwargs in compiled if getattr(fn, "__name__", "") == "forward"]
     assert blocks and all(kwargs == {"mode": "reduce-overhead"} for kwargs in blocks)
-    torch.testing.assert_close(graphs, default, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-5)
 
 
 def test_a_mode_the_compiler_cannot_run_is_named_in_the_error(
