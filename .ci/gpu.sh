@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, on a machine with a CUDA GPU, Python, torch, transformers, timm and peft but no project venv
 # (and possibly no package registry): `make test-gpu` then `make bench-gpu`, each given what is left of one time
-# budget, each log kept, and a summary last (the suite's result line and bench_gpu's targets block).
+# budget, each log kept, and a summary last (the suite's result line and bench_gpu's targets block). Exits 1 when
+# a step that ran failed, 2 on bad input.
 #
 #   bash .ci/gpu.sh                      # test, then the full benchmark (~8.5 min on one H100, cold caches)
 #   bash .ci/gpu.sh test "bench:--cases lora-7b --variants new new+full-ac --no_predict"
@@ -36,12 +37,13 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, '| tra
 '| GPU:', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')" || exit 2
 
 summary=()
+status=0
 for i in "${!steps[@]}"; do
     step=${steps[$i]}
     case $step in
         test) cmd=(make test-gpu PY=python3) ;;
         bench) cmd=(make bench-gpu PY=python3) ;;
-        bench:*) cmd=(python3 benchmarks/bench_gpu.py ${step#bench:}) ;;
+        bench:*) read -ra bench_args <<<"${step#bench:}" && cmd=(python3 benchmarks/bench_gpu.py "${bench_args[@]}") ;;
     esac
     left=$((BUDGET - (SECONDS - start)))
     if [ "$left" -lt 30 ]; then
@@ -53,6 +55,7 @@ for i in "${!steps[@]}"; do
     step_start=$SECONDS
     timeout --signal=INT --kill-after=20 "$left" "${cmd[@]}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || status=1
     summary+=("== $step: exit $rc in $((SECONDS - step_start)) s (log $log)")
     if [ "$step" = test ]; then
         summary+=("$(grep -E '[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s' "$log" | tail -1)")
@@ -62,3 +65,4 @@ for i in "${!steps[@]}"; do
 done
 printf '\n== summary (%s s)\n' "$((SECONDS - start))"
 printf '%s\n' "${summary[@]}"
+exit $status

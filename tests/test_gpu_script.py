@@ -1,5 +1,6 @@
 """.ci/gpu.sh, the one command a machine with a GPU runs (make test-gpu, then make bench-gpu): a misspelt step
-stops it before anything runs, and steps the time budget cannot hold are named as not run in its summary."""
+stops it before anything runs, steps the time budget cannot hold are named as not run in its summary, and a step
+that fails makes it exit 1 (its log kept)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,12 @@ def test_steps_past_the_budget_are_reported_as_not_run(tmp_path: Path) -> None:
         "== bench:--cases lora-tiny: not run",
     ]
     assert not list((tmp_path / "logs").iterdir())  # nothing started, so no logs
+
+
+def test_a_failed_step_fails_the_script(tmp_path: Path) -> None:
+    done = _gpu_sh(tmp_path, "bench:--cases nope")
+    assert done.returncode == 1, done.stdout[-2000:]
+    summary = done.stdout.split("== summary")[1].splitlines()[1:]
+    assert summary[0].startswith("== bench:--cases nope: exit 2 in ")
+    assert summary[1:] == [""]  # a benchmark that failed printed no targets block
+    assert (tmp_path / "logs" / "step0.log").read_text().startswith("bench_gpu: unknown case(s) ['nope']")
