@@ -139,9 +139,8 @@ def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: 
     for the graphs and has DDP reduce every micro-batch's gradients (out of the graphs' memory): the eager losses
     within FP32 tolerance (inductor's kernels fuse differently)."""
     eager, _ = lora_ddp_steps("off")
-    with (
-        monkeypatch.context() as aot_eager
-    ):  # inductor's own kernels are timed by the reduce-overhead run below
+    # AOTAutograd's graphs only: inductor's own kernels are the reduce-overhead run's to check, below.
+    with monkeypatch.context() as aot_eager:
         aot_eager.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
         default, strategy = lora_ddp_steps("on", "default")
     assert strategy.compiled and not strategy.cuda_graphs and not strategy.sync_every_micro_batch
