@@ -19,8 +19,8 @@ path and `train_loop`'s step, then `predict_action` / `predict_action_batch` on 
                                                      # 8 GPUs, a rank each: what `auto` picks (LoRA: DDP) against
                                                      # FSDP2; rank 0 prints, samples/s over all ranks, MFU per GPU
 
-Per training case it prints ms/step, samples/s, model TFLOP/s (6 x trainable + 4 x frozen parameters per token for
-modules gradients flow through, 2 x for those they do not; attention's own FLOPs are left out), MFU against the
+Per training case it prints ms/step, samples/s, model TFLOP/s (the matmul FLOPs of a sample's forward and backward,
+counted by running it: `model_flops.py`; attention's own FLOPs are left out), MFU against the
 device's dense bf16 peak (table below, or `--peak_tflops`), peak GPU memory, host syncs per step (counted with
 `torch.cuda.set_sync_debug_mode`: each synchronising call warns once per occurrence) and the ATen ops a step runs
 that launch a kernel (`aten_ops_per_step`, counted with a `TorchDispatchMode`; also on CPU, where the `-narrow`
@@ -75,6 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpu_targets import check_targets, format_verdicts  # noqa: E402 (benchmarks/, beside this file)
+from model_flops import model_flops_per_sample  # noqa: E402
 
 from prismatic.conf.vla import VLAConfig  # noqa: E402
 from prismatic.models.action_heads import ActionSpec, build_action_head  # noqa: E402
@@ -98,7 +99,12 @@ from prismatic.util.dist import destroy_distributed, init_distributed  # noqa: E
 from prismatic.util.kernel_profile import cuda_syncs, format_profile, profile_run  # noqa: E402
 from prismatic.vla.action_tokenizer import ActionTokenizer  # noqa: E402
 from prismatic.vla.datasets.prefetch import prefetched  # noqa: E402
-from prismatic.vla.datasets.synthetic import INSTRUCTIONS, synthetic_batch  # noqa: E402
+from prismatic.vla.datasets.synthetic import (  # noqa: E402
+    INSTRUCTIONS,
+    synthetic_batch,
+    synthetic_collator,
+    synthetic_frames,
+)
 
 # Dense bf16 tensor-core peaks (TFLOP/s, vendors' datasheets, without sparsity), matched on the device name.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
@@ -290,27 +296,6 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def model_flops_per_sample(vlm: PrismaticVLM, batch: dict[str, Any]) -> float:
-    """6 x trainable + 4 x frozen parameters per token where gradients flow, 2 x where they do not (forward only)."""
-
-    def count(module: torch.nn.Module) -> tuple[int, int]:
-        trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
-        return trainable, sum(p.numel() for p in module.parameters()) - trainable
-
-    llm_tokens = float(batch["attention_mask"].sum()) / len(batch["input_ids"]) + vlm.num_prefix_tokens
-    patch_tokens = vlm.num_patches * vlm.action_spec.num_images
-    flops = 0.0
-    vision_grad = vlm.vision_backbone_requires_grad
-    for module, tokens, grad in (
-        (vlm.vision_backbone, patch_tokens, vision_grad),
-        (vlm.projector, patch_tokens, True),
-        (vlm.llm_backbone, llm_tokens, True),
-    ):
-        trainable, frozen = count(module)
-        flops += tokens * (6 * trainable + (4 if grad else 2) * frozen)
-    return flops
-
-
 class _Times:
     """A tracker: the loop's own step times."""
 
@@ -412,7 +397,8 @@ def run_training_case(
     batch_maker = SyntheticBatches(vlm, head, case.batch, strategy.pad_to_multiple)
     loader = DataLoader(batch_maker, batch_size=None, pin_memory=device.type == "cuda")
     batches = list(itertools.islice(iter(loader), CYCLED_BATCHES))
-    flops_per_sample = model_flops_per_sample(vlm, batches[0])
+    frames = synthetic_frames(vlm, head, case.batch, seed=0)  # the first cycled batch's
+    flops_per_sample = model_flops_per_sample(strategy, head, frames, synthetic_collator(vlm))
     strategy.setup(vla.max_steps)
     inductor_counts = torch._dynamo.utils.counters["inductor"]
     skips_before = inductor_counts["cudagraph_skips"]

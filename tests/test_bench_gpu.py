@@ -1,6 +1,6 @@
 """`benchmarks/bench_gpu.py --device cpu` (the tiny ids) keeps working: it runs training's set-up and `train_loop`
 for each case and variant, then the policy, and reports finite figures in the documented fields. The FLOP count
-per sample is checked against the rule its docstring states, counted here from the model's parameters."""
+per sample is checked against one counted here by hand from the tiny model's sizes."""
 
 from __future__ import annotations
 
@@ -134,28 +134,66 @@ def test_bench_gpu_under_torchrun_reports_once_for_all_ranks(tmp_path: Path) -> 
     assert "predict" not in done.stdout.split("only the training cases run")[1]
 
 
-def test_model_flops_follow_the_stated_rule() -> None:
+# tiny-vit-64px (timm vit_base_patch16 at 64 px, width 48, depth 3): 16 patches + a class token, blocks 0-1 run
+# (features come from the second-to-last block); gelu-mlp projector 48 -> 64 -> 64; tiny-llama: width 64, 2 layers,
+# 4 heads of 16 with 2 key/value heads, MLP 128. Each matmul's weights, by hand from those sizes.
+PATCH_EMBED = 3 * 16 * 16 * 48
+VIT_BLOCK = 48 * 3 * 48 + 48 * 48 + 48 * 4 * 48 + 4 * 48 * 48  # qkv, proj, fc1, fc2
+PROJECTOR = (48 * 64, 64 * 64)
+LLM_LAYER = 64 * 64 + 2 * (64 * 32) + 64 * 64 + 3 * (64 * 128)  # q, k and v, o, gate / up / down
+
+
+@pytest.mark.parametrize("stage", ["vla-train", "vla-last-layer-train"])
+def test_model_flops_count_what_a_sample_computes(stage: str) -> None:
+    """A sample's matmul FLOPs: 2 per weight and row forward, 2 more for an input's gradient where something before
+    it trains and 2 for the weight's where it trains; no embedding look-up, no ViT block after the feature layer,
+    the LM head at the 8 labelled positions only, whatever `logits_at_labels` says, no padding."""
+    import contextlib
+
     sys.path.insert(0, str(REPO / "benchmarks"))
+    from types import SimpleNamespace
+
     import torch
-    from bench_gpu import model_flops_per_sample
+    from model_flops import model_flops_per_sample
 
     from prismatic.models import build_vlm
-    from prismatic.models.action_heads import ActionSpec
+    from prismatic.models.action_heads import ActionSpec, build_action_head
+    from prismatic.vla.action_tokenizer import ActionTokenizer
+    from prismatic.vla.datasets.synthetic import synthetic_collator, synthetic_frames
 
     torch.manual_seed(0)
     vlm = build_vlm("tiny-vit+tiny-llama")
-    vlm.freeze_backbones("vla-train")  # vision frozen (forward only), projector and LLM train
-    vlm.attach_action_modules(ActionSpec(action_dim=7))
-    batch = {
-        "input_ids": torch.zeros(2, 10, dtype=torch.long),
-        "attention_mask": torch.tensor([[1] * 10, [1] * 6 + [0] * 4]),
-    }
-    vision = sum(p.numel() for p in vlm.vision_backbone.parameters())
-    projector = sum(p.numel() for p in vlm.projector.parameters())
-    llm = sum(p.numel() for p in vlm.llm_backbone.parameters())
-    llm_tokens = 8 + vlm.num_prefix_tokens  # mean of 10 and 6 text tokens, plus the patches
-    expected = 2 * vision * vlm.num_patches + 6 * projector * vlm.num_patches + 6 * llm * llm_tokens
-    assert model_flops_per_sample(vlm, batch) == expected
+    vlm.freeze_backbones(stage)
+    spec = ActionSpec(action_dim=7)
+    vlm.attach_action_modules(spec)
+    head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
+    head.logits_at_labels = False
+    frames = synthetic_frames(vlm, head, 8, seed=0)
+    lengths = [frame["input_ids"].numel() for frame in frames]
+    assert len(set(lengths)) < len(lengths) > 1  # frames of the same kind run once and count for each
+
+    vocab = vlm.llm_backbone.llm.get_output_embeddings().weight.shape[0]
+    vision = 2 * 16 * PATCH_EMBED + 2 * 2 * 17 * VIT_BLOCK  # frozen, nothing before it trains: forward only
+    if stage == "vla-train":  # projector and LLM train, the projector's input needs no gradient
+        projector = 4 * 16 * PROJECTOR[0] + 6 * 16 * PROJECTOR[1]
+        layers = (6, 6)
+    else:  # embeddings, the last layer and the LM head train: layer 0 passes gradients back to the embeddings
+        projector = 2 * 16 * sum(PROJECTOR)
+        layers = (4, 6)
+    lm_head = 6 * 8 * 64 * vocab
+    per_frame = [
+        vision + projector + sum(k * (16 + n) * LLM_LAYER for k in layers) + lm_head for n in lengths
+    ]
+    expected = sum(per_frame) / len(frames)
+
+    strategy = SimpleNamespace(
+        vlm=vlm, to_device=lambda batch: batch, causal_attention=lambda batch: contextlib.nullcontext()
+    )
+    rng = torch.get_rng_state()
+    assert model_flops_per_sample(strategy, head, frames, synthetic_collator(vlm)) == expected
+    assert head.logits_at_labels is False
+    assert all(p.grad is None for p in vlm.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
 
 
 def test_bench_gpu_refuses_an_unknown_variant_before_building_anything(tmp_path: Path) -> None:

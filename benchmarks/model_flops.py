@@ -1,0 +1,89 @@
+"""The model FLOPs of one training sample, what `bench_gpu.py`'s model TFLOP/s and MFU are computed from.
+
+Counted by running the sample rather than by a rule over parameter counts: `torch.utils.flop_counter.FlopCounterMode`
+over one forward and backward of each distinct frame, alone, before any strategy wraps the model. What counts is
+the matmuls of the model's weights (`mm`, `addmm`, convolutions): forward, an input's gradient where something
+before it trains, a weight's gradient where it trains. So the count leaves out what a sample's training does not
+need computed:
+- embedding look-ups, and the ViT blocks after the feature layer (never run);
+- the LM head away from the labelled positions (the loss needs no other logits; counted so whatever
+  `logits_at_labels` a variant runs), and all of it for a head that does not read it (l1-chunk);
+- batching's padding, and activation checkpointing's recomputation;
+- attention's own FLOPs (scores and weighted values: no weights; `bmm` and SDPA's kernels).
+
+The rule this replaced (6 x trainable + 4 x frozen parameters per token, as the issue's first figures were counted)
+counted the first two as work and missed the l1-chunk head's MLP. On the same frames it read 4.1 % above this count
+for 7B LoRA, 4.0 % with the l1-chunk head and 15.5 % for the ~1B full fine-tune (Qwen2.5's 136M-parameter tied
+embedding, 28 % of its LLM, counted at every token), so MFU figures measured before 2026-11-28 read that much high.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+# The ops that multiply by the model's weights (forward and backward), by ATen name.
+WEIGHT_MATMULS = frozenset({"mm", "addmm", "convolution", "_convolution", "convolution_backward"})
+
+
+def _fast_matmuls(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA: the count is the same in any dtype, and a 7B FP32 backward is slow."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def sample_key(frame: dict[str, Any]) -> tuple[int, int]:
+    """Frames with the same text length and labelled positions cost the same FLOPs."""
+    labels = frame["labels"]
+    return int(labels.numel()), int((labels >= 0).sum())
+
+
+def weight_matmul_flops(counts: dict[Any, int]) -> int:
+    """The FLOPs of `WEIGHT_MATMULS` in one of `FlopCounterMode.get_flop_counts()`'s per-op tables."""
+    return sum(flops for op, flops in counts.items() if op.__name__ in WEIGHT_MATMULS)
+
+
+def model_flops_per_sample(
+    strategy: Any,
+    head: Any,
+    frames: Sequence[dict[str, Any]],
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> float:
+    """The mean over `frames` of one frame's forward-and-backward FLOPs (the module docstring says which).
+
+    `frames` are the batch transform's outputs; each distinct kind (`sample_key`) runs once, collated alone and
+    moved and run as `train_step` does it with `strategy` (a training strategy not yet set up: `setup` wraps the
+    model). The weights' gradients are dropped afterwards and the RNG restored, so training starts as it would have.
+    """
+    model = strategy.vlm
+    kinds = Counter(sample_key(frame) for frame in frames)
+    first = {}
+    for frame in frames:
+        first.setdefault(sample_key(frame), frame)
+    device = next(model.parameters()).device
+    at_labels = getattr(head, "logits_at_labels", None)
+    total = 0
+    try:
+        if at_labels is not None:
+            head.logits_at_labels = True
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for key, count in kinds.items():
+                batch = strategy.to_device(collate([first[key]]))
+                with (
+                    FlopCounterMode(display=False) as counter,
+                    _fast_matmuls(device),
+                    strategy.causal_attention(batch),
+                ):
+                    head(model, batch).loss.backward()
+                total += count * weight_matmul_flops(counter.get_flop_counts()["Global"])
+    finally:
+        if at_labels is not None:
+            head.logits_at_labels = at_labels
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the memory this used is not the training step's to report
+    return total / len(frames)
