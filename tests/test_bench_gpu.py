@@ -4,12 +4,14 @@ per sample is checked against one counted here by hand from the tiny model's siz
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -148,11 +150,7 @@ def test_model_flops_count_what_a_sample_computes(stage: str) -> None:
     """A sample's matmul FLOPs: 2 per weight and row forward, 2 more for an input's gradient where something before
     it trains and 2 for the weight's where it trains; no embedding look-up, no ViT block after the feature layer,
     the LM head at the 8 labelled positions only, whatever `logits_at_labels` says, no padding."""
-    import contextlib
-
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from types import SimpleNamespace
-
     import torch
     from model_flops import model_flops_per_sample
 
