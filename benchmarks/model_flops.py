@@ -19,8 +19,6 @@ embedding, 28 % of its LLM, counted at every token), so MFU figures measured bef
 
 from __future__ import annotations
 
-import contextlib
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,18 +29,13 @@ from torch.utils.flop_counter import FlopCounterMode
 WEIGHT_MATMULS = frozenset({"mm", "addmm", "convolution", "_convolution", "convolution_backward"})
 
 
-def _fast_matmuls(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA: the count is the same in any dtype, and a 7B FP32 backward is slow."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def sample_key(frame: dict[str, Any]) -> tuple[int, int]:
+def _sample_key(frame: dict[str, Any]) -> tuple[int, int]:
     """Frames with the same text length and labelled positions cost the same FLOPs."""
     labels = frame["labels"]
     return int(labels.numel()), int((labels >= 0).sum())
 
 
-def weight_matmul_flops(counts: dict[Any, int]) -> int:
+def _weight_matmul_flops(counts: dict[Any, int]) -> int:
     """The FLOPs of `WEIGHT_MATMULS` in one of `FlopCounterMode.get_flop_counts()`'s per-op tables."""
     return sum(flops for op, flops in counts.items() if op.__name__ in WEIGHT_MATMULS)
 
@@ -55,34 +48,30 @@ def model_flops_per_sample(
 ) -> float:
     """The mean over `frames` of one frame's forward-and-backward FLOPs (the module docstring says which).
 
-    `frames` are the batch transform's outputs; each distinct kind (`sample_key`) runs once, collated alone and
+    `frames` are the batch transform's outputs; each distinct kind (`_sample_key`) runs once, collated alone and
     moved and run as `train_step` does it with `strategy` (a training strategy not yet set up: `setup` wraps the
     model). The weights' gradients are dropped afterwards and the RNG restored, so training starts as it would have.
     """
     model = strategy.vlm
-    kinds = Counter(sample_key(frame) for frame in frames)
-    first = {}
+    kinds: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for frame in frames:
-        first.setdefault(sample_key(frame), frame)
+        kinds.setdefault(_sample_key(frame), []).append(frame)
     device = next(model.parameters()).device
-    at_labels = getattr(head, "logits_at_labels", None)
+    at_labels, head.logits_at_labels = head.logits_at_labels, True
     total = 0
     try:
-        if at_labels is not None:
-            head.logits_at_labels = True
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            for key, count in kinds.items():
-                batch = strategy.to_device(collate([first[key]]))
+            for same in kinds.values():
+                batch = strategy.to_device(collate(same[:1]))
                 with (
                     FlopCounterMode(display=False) as counter,
-                    _fast_matmuls(device),
+                    strategy.autocast(),
                     strategy.causal_attention(batch),
                 ):
                     head(model, batch).loss.backward()
-                total += count * weight_matmul_flops(counter.get_flop_counts()["Global"])
+                total += len(same) * _weight_matmul_flops(counter.get_flop_counts()["Global"])
     finally:
-        if at_labels is not None:
-            head.logits_at_labels = at_labels
+        head.logits_at_labels = at_labels
         model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the memory this used is not the training step's to report

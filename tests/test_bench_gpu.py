@@ -185,7 +185,10 @@ def test_model_flops_count_what_a_sample_computes(stage: str) -> None:
     expected = sum(per_frame) / len(frames)
 
     strategy = SimpleNamespace(
-        vlm=vlm, to_device=lambda batch: batch, causal_attention=lambda batch: contextlib.nullcontext()
+        vlm=vlm,
+        to_device=lambda batch: batch,
+        autocast=contextlib.nullcontext,
+        causal_attention=lambda batch: contextlib.nullcontext(),
     )
     rng = torch.get_rng_state()
     assert model_flops_per_sample(strategy, head, frames, synthetic_collator(vlm)) == expected
