@@ -17,7 +17,13 @@ Endpoints:
   array of numbers, robot units), and one trained with several cameras takes `"image"` as a list of the views.
 - `GET /health`: `{"status": "ok", ...}` while the batcher runs (503 otherwise), with request / batch counts.
 - `GET /metadata`: model id, source, device, dtype, unnorm keys, action dimension per key, the action head, chunk
-  size, camera views, proprio width, image size, whether training augmented images, batching settings.
+  size, the camera views a request carries (their number and names, in order), proprio width, image size, whether
+  training augmented images, batching settings: what a client needs to build its requests.
+
+With `auth_token` (`serve.py --auth_token_env NAME` or `--auth_token_file PATH`; `prismatic/inference/auth.py`)
+every endpoint but `/health` (a liveness probe that tells nothing of the model) needs the header
+`Authorization: Bearer <token>`; without it, or with another token, the answer is 401 and nothing is decoded. The
+token is never logged, echoed or reported.
 
 Every request is validated in the handler, before it is queued, so a bad one is answered alone (400 for a body
 that is not a JSON object, 413 for an oversized one, 422 for a bad field; `{"error": "<what to fix>"}`) and never
@@ -46,7 +52,9 @@ import json_numpy
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from prismatic.inference.auth import token_matches
 from prismatic.inference.policy import DEFAULT_ACTION_DIM, PolicyInputError, VLAPolicy
 from prismatic.util.errors import ConfigError
 
@@ -353,9 +361,50 @@ def predict_batch(policy: VLAPolicy, requests: Sequence[ActRequest]) -> list[np.
     return actions
 
 
+def example_request(policy: VLAPolicy) -> ActRequest:
+    """A valid request shaped as `policy` reads them: each of its camera views (black, at its image size), zero
+    proprio of its width, its first unnorm key. `serve.py` warms up with it, so any policy the presets make (one
+    camera or two, with proprio or without) starts."""
+    height, width = policy.image_size
+    views = [np.zeros((height, width, 3), dtype=np.uint8) for _ in policy.views]
+    proprio_dim = policy.action_spec.proprio_dim
+    proprio = np.zeros(proprio_dim, dtype=np.float32) if proprio_dim else None
+    keys = policy.unnorm_keys
+    image: np.ndarray | list[np.ndarray] = views if len(views) > 1 else views[0]
+    return ActRequest(image, "warm up", keys[0] if keys else None, proprio=proprio)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The app
 # ---------------------------------------------------------------------------------------------------------------
+
+
+class BearerTokenAuth:
+    """ASGI middleware: an HTTP request to any path but `open_paths` needs `Authorization: Bearer <token>`, else
+    it is answered 401 before the app sees it (no body is read, nothing is queued). The token is never logged."""
+
+    def __init__(self, app: ASGIApp, token: str, open_paths: Sequence[str] = ("/health",)) -> None:
+        self.app, self._token, self.open_paths = app, token, frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+        if token_matches(header, self._token):
+            await self.app(scope, receive, send)
+            return
+        reason = "no Authorization header" if header is None else "the Authorization header does not match"
+        logger.warning("Refused %s %s (401): %s", scope["method"], scope["path"], reason)
+        response = JSONResponse(
+            {
+                "error": f"This server requires a token ({reason}): send the header 'Authorization: Bearer "
+                "<token>' with the token it was started with (serve.py --auth_token_env / --auth_token_file)."
+            },
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
 
 
 def _error(status_code: int, message: str) -> JSONResponse:
@@ -384,6 +433,7 @@ def metadata(policy: VLAPolicy, max_batch_size: int, max_wait_ms: float) -> dict
         "action_head": policy.action_spec.head,
         "chunk_size": policy.action_spec.chunk_size,
         "num_images": policy.action_spec.num_images,
+        "views": list(policy.views),  # the order of a multi-camera request's "image" list
         "proprio_dim": policy.action_spec.proprio_dim,
         "image_size": list(policy.image_size),
         "trained_with_image_aug": policy.trained_with_image_aug,
@@ -397,11 +447,13 @@ def create_app(
     max_batch_size: int = 16,
     max_wait_ms: float = 5.0,
     max_request_bytes: int = 64 * 2**20,
+    auth_token: str | None = None,
 ) -> FastAPI:
     """A FastAPI app serving `policy` (endpoints and protocol in the module docstring).
 
     The batcher's worker thread starts and stops with the app's lifespan (uvicorn runs it; so does
-    `fastapi.testclient.TestClient` used as a context manager).
+    `fastapi.testclient.TestClient` used as a context manager). With `auth_token`, every endpoint but `/health`
+    needs `Authorization: Bearer <auth_token>` (`BearerTokenAuth`).
 
     Raises:
         ConfigError: `max_batch_size` < 1, `max_wait_ms` < 0 or `max_request_bytes` < 1.
@@ -427,6 +479,8 @@ def create_app(
 
     app = FastAPI(title="prismatic-vla policy server", lifespan=lifespan)
     app.state.batcher = batcher
+    if auth_token is not None:  # FastAPI's own pages (/docs, /openapi.json) are behind it too
+        app.add_middleware(BearerTokenAuth, token=auth_token)
 
     @app.post("/act")
     async def act(request: Request) -> Response:

@@ -2,7 +2,7 @@
 
     pytest tests/inference/test_server.py
 
-One real server (a subprocess on a free loopback port, serving the tiny `policy_run`) answers OpenVLA's client
+One real server (a subprocess on a loopback port the OS picked, serving the tiny `policy_run`) answers OpenVLA's client
 snippet, the double-encoded form, /metadata, malformed requests and concurrent requests; its answers must equal
 `load_policy(policy_run).predict_action` on the same inputs exactly. The batcher, the per-dimension grouping of a
 batch and the 500 / 413 paths are tested in process.
@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,14 +30,12 @@ from hand_stats import hand_stats
 # Imported before any test patches `json`: numpy.testing's import calls json.loads in a way json_numpy breaks.
 from numpy.testing import assert_array_equal
 from scripts import import_script
-from train_runs import free_port
+from served import SERVE, served
 
 from prismatic.inference import VLAPolicy, load_policy
 from prismatic.inference.server import ActRequest, DynamicBatcher, create_app, predict_batch
 
 REPO = Path(__file__).resolve().parents[2]
-SERVE = REPO / "vla_scripts" / "serve.py"
-STARTUP_TIMEOUT_S = 120
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
@@ -64,40 +61,11 @@ def policy(policy_run: Path) -> VLAPolicy:
 def server(
     policy_run: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """Base URL of a `serve.py` subprocess on `policy_run`; killed at teardown."""
-    port = free_port()
+    """Base URL of a `serve.py` subprocess on `policy_run` (a port the OS picked); killed at teardown."""
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(SERVE), "--checkpoint", str(policy_run), "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=ENV,
-            cwd=REPO,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        request.getfixturevalue("policy")  # load the reference policy here while the server boots
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"serve.py exited with {proc.returncode}:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"serve.py not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()}")
-            try:
-                if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
+    with served(["--checkpoint", str(policy_run)], log_path) as url:
+        request.getfixturevalue("policy")
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -151,6 +119,7 @@ def test_metadata_and_health(server: str, policy_run: Path) -> None:
         "action_head": "tokens",
         "chunk_size": 1,
         "num_images": 1,
+        "views": ["primary"],
         "proprio_dim": 0,
         "image_size": [64, 64],  # tiny-vit-64px
         "trained_with_image_aug": None,  # the fixture's config.json does not say
@@ -267,7 +236,7 @@ def test_serve_unloadable_checkpoint_exits_2(
     serve_script = import_script("serve")
     notes = tmp_path / "notes.txt"
     notes.write_text("not a checkpoint")
-    monkeypatch.setattr(sys, "argv", ["serve.py", "--checkpoint", str(notes)])
+    monkeypatch.setattr(sys, "argv", ["serve.py", "--checkpoint", str(notes), "--port", "0"])
     with pytest.raises(SystemExit) as exit_info:
         serve_script.main()
     assert exit_info.value.code == 2
@@ -303,9 +272,10 @@ def test_batcher_takes_what_queued_while_busy_and_waits_for_more() -> None:
     finally:
         batcher.stop()
 
-    # With a wait, the second item joins the first one's batch (which closes as soon as it is full).
+    # With a wait, the second item joins the first one's batch, which closes as soon as it is full: the wait is
+    # far longer than any stall between the two submits, and the test never sits through it.
     batches.clear()
-    batcher = DynamicBatcher(run_batch, max_batch_size=2, max_wait_ms=5000)
+    batcher = DynamicBatcher(run_batch, max_batch_size=2, max_wait_ms=600_000)
     batcher.start()
     try:
         futures = [batcher.submit(i) for i in (7, 8)]

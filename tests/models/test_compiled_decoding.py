@@ -278,7 +278,7 @@ def test_scripts_hand_the_compile_flags_to_the_policy(
     started = []
     monkeypatch.setattr(serve, "warm_up", lambda policy, batch_size: None)
     monkeypatch.setattr(server, "create_app", lambda policy, **kwargs: policy)
-    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: started.append(app))
+    monkeypatch.setattr("uvicorn.Server.run", lambda self, sockets: started.append(self.config.app))
     serve.serve(parse_config(serve.ServeConfig, [*flags, "--port", str(free_port())]))
     assert started == [loaded[1]]
     assert [(p.compile_decoding, p.compile_scope) for p in loaded] == [(True, "whole")] * 2
