@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prismatic.conf.data import DataOptions
+from prismatic.conf.registries import TRACKERS
 from prismatic.conf.vla import DEFAULT_VLA_ID, VLAConfig
 from prismatic.run_layout import CHECKPOINTS_DIR
-from prismatic.training.trackers import TRACKERS
 from prismatic.util.errors import ConfigError, did_you_mean
 
 GRAD_SYNC = ("auto", "micro-batch", "step")

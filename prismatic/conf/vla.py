@@ -19,8 +19,8 @@ from typing import Any
 
 from draccus import ChoiceRegistry
 
-from prismatic.models.action_heads.registry import ACTION_HEADS, is_chunked
-from prismatic.training.strategies import AUTO, TRAIN_STRATEGIES
+from prismatic.conf.registries import AUTO, TRAIN_STRATEGIES
+from prismatic.util.checkpointing_policy import CHECKPOINTING_POLICIES, checkpointing_stride
 from prismatic.util.errors import ConfigError, did_you_mean
 
 if typing.TYPE_CHECKING:
@@ -32,8 +32,6 @@ SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
 # Field metadata of the speed flags: the command line and config files also take true / false for on / off (a
 # run's config.yaml from before `compile` took `auto` says `compile: false`), and the flag alone means on.
 SWITCH = {"switch": True}
-# --vla.checkpointing_policy; `auto` picks one of the others per run (`strategies.activation_memory`).
-CHECKPOINTING_POLICIES = ("auto", "full", "selective-ops", "every-N (N >= 1)")
 # --vla.compile_mode: how compiled blocks launch their kernels, as torch.compile's keyword arguments per name (`auto`,
 # the default, picks one per run: `prismatic.training.strategies.blocks_compile_mode`). Both run inductor's kernels;
 # they differ in what the host does per launch, which bounds a launch-bound step.
@@ -41,15 +39,6 @@ COMPILE_MODES: dict[str, dict[str, Any]] = {
     "default": {},  # launched one by one from inductor's Python wrapper
     "reduce-overhead": {"mode": "reduce-overhead"},  # replayed from CUDA graphs (CUDA, DDP)
 }
-
-
-def checkpointing_stride(policy: str) -> int | None:
-    """Every how many LLM decoder layers `--vla.checkpointing_policy` checkpoints one: N for `every-N`, 1 for
-    `full` and `selective-ops` (all of them); None when `policy` is none of its values."""
-    if policy in ("full", "selective-ops"):
-        return 1
-    digits = policy.removeprefix("every-")
-    return int(digits) if digits != policy and digits.isdecimal() and int(digits) >= 1 else None
 
 
 @dataclass
@@ -191,6 +180,9 @@ class VLAConfig(ChoiceRegistry):
     def check_values(self) -> None:
         """Check every range and name that needs no world size; raise `ConfigError` with the bad value and the
         valid range (called on construction and again by `validate`, as fields can be set afterwards)."""
+        # lazy: the heads' registry is torch-free, but the config layer imports nothing of `models/` at module level
+        from prismatic.models.action_heads.registry import ACTION_HEADS, is_chunked
+
         for name, value, choices in (
             ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
             ("train_strategy", self.train_strategy, (AUTO, *TRAIN_STRATEGIES)),

@@ -71,7 +71,7 @@ from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.models.weights import assign_weights, renamed
 from prismatic.run_layout import CHECKPOINTS_DIR, DATASET_STATISTICS_FILE, HF_CONFIG_FILE, RUN_CONFIG_FILE
 from prismatic.util.errors import ConfigError
-from prismatic.vla.datasets.rlds.statistics import read_statistics_file
+from prismatic.util.statistics_file import read_statistics_file
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from prismatic.conf.vla import CHECKPOINTING_POLICIES, checkpointing_stride
 from prismatic.models.vlms.prismatic import PrismaticVLM
+from prismatic.util.checkpointing_policy import CHECKPOINTING_POLICIES, checkpointing_stride
 
 logger = logging.getLogger(__name__)
 

@@ -64,7 +64,14 @@ from prismatic.run_layout import (
     TRAIN_STATE_FILE,
     checkpoint_dir_name,
 )
-from prismatic.training.run_folder import Resume, RunFolder, run_identity, start_counters
+from prismatic.training.run_folder import (
+    Resume,
+    RunFolder,
+    read_resume_state,
+    run_identity,
+    saved_train_state,
+    start_counters,
+)
 from prismatic.training.strategies.base import TrainingStrategy
 from prismatic.util.dist import call_and_agree
 from prismatic.util.errors import ConfigError
@@ -81,6 +88,7 @@ __all__ = [
     "load_checkpoint_file",
     "newest_checkpoint",
     "read_train_state",
+    "read_resume_state",
     "restore_from_file",
     "saved_train_state",
 ]
@@ -473,17 +481,6 @@ def atomic_torch_save(obj: Any, path: Path, what: str = "checkpoint") -> None:
             raise
 
 
-def saved_train_state(ckpt: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    """A single-file checkpoint's `train_state`, or a `ConfigError` saying that it cannot be resumed."""
-    for key in ("optimizer", "lr_scheduler", "train_state"):
-        if key not in ckpt:
-            raise ConfigError(
-                f"Checkpoint '{path}' holds no '{key}', so its run cannot be resumed; pass --is_resume false "
-                "to start a new run from its weights."
-            )
-    return dict(ckpt["train_state"])
-
-
 def load_full_model_weights(
     model: torch.nn.Module, ckpt: Mapping[str, Any] | None, path: Path, *, from_rank0: bool = False
 ) -> None:
@@ -540,11 +537,3 @@ def restore_from_file(
     )
     lr_scheduler.load_state_dict(ckpt["lr_scheduler"])
     return train_state
-
-
-def read_resume_state(path: Path) -> dict[str, Any]:
-    """The train state of a checkpoint to resume: `train_state.json` of a folder, `train_state` of a `.pt` file."""
-    path = Path(path)
-    if path.is_dir():
-        return read_train_state(path)
-    return saved_train_state(load_checkpoint_file(path), path)

@@ -33,6 +33,7 @@ from prismatic.conf.train import LATEST, TrainConfig
 from prismatic.models.checkpoint_format import (
     complete_checkpoints,
     is_sharded_checkpoint,
+    load_checkpoint_file,
     newest_checkpoint,
     read_train_state,
 )
@@ -280,9 +281,6 @@ class RunFolder:
     def _check(self, cfg: TrainConfig) -> tuple[ResumePoint, dict[str, Any]] | None:
         point = resume_point(cfg, self.path)
         if point is not None:
-            # lazy: torch loads only for a resume, so a new run's refusals stay fast
-            from prismatic.training.checkpointing import read_resume_state
-
             saved = read_resume_state(point.path)
             check_resume_compatible(
                 saved, run_identity(cfg), path=point.path, allow_config_change=cfg.allow_config_change
@@ -384,3 +382,23 @@ def check_resume_before_end(resume: Resume | None, num_training_steps: int) -> N
             f"Resuming at step {resume.point.step} but the run ends at step {num_training_steps}: raise "
             f"--vla.max_steps (or --vla.epochs) above {resume.point.step}."
         )
+
+
+def saved_train_state(ckpt: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """A single-file checkpoint's `train_state`, or a `ConfigError` saying that it cannot be resumed."""
+    for key in ("optimizer", "lr_scheduler", "train_state"):
+        if key not in ckpt:
+            raise ConfigError(
+                f"Checkpoint '{path}' holds no '{key}', so its run cannot be resumed; pass --is_resume false "
+                "to start a new run from its weights."
+            )
+    return dict(ckpt["train_state"])
+
+
+def read_resume_state(path: Path) -> dict[str, Any]:
+    """The train state of a checkpoint to resume: `train_state.json` of a folder, `train_state` of a `.pt` file
+    (torch loads only then: `load_checkpoint_file` imports it when called, so a new run's refusals stay fast)."""
+    path = Path(path)
+    if path.is_dir():
+        return read_train_state(path)
+    return saved_train_state(load_checkpoint_file(path), path)

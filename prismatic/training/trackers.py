@@ -6,24 +6,31 @@ Only rank 0 tracks. Both continue, rather than restart, when a run is resumed: t
 resumed step and appended to; the W&B run id is kept in the run folder and the same W&B run is resumed.
 Secrets stay out of W&B: its config has them blanked and the command line it records has their values redacted
 (`prismatic/util/redact.py`). A metrics log that cannot be written (full disk) is a `ConfigError` naming it.
+`check_trackers` refuses `--trackers wandb` without W&B credentials before the model loads (entry scripts call it
+right after parsing), where `wandb.init` would otherwise fail minutes later with a traceback.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import logging
+import netrc
+import os
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonlines
 
+from prismatic.conf.registries import TRACKERS  # the names --trackers takes; the classes are these below
 from prismatic.run_layout import METRICS_FILE, WANDB_ID_FILE
+from prismatic.util.errors import ConfigError
 from prismatic.util.files import atomic_write, write_error, write_text_atomic
-from prismatic.util.lazy import LazyRegistry
 from prismatic.util.redact import argv_redacted, redact_config
 
 logger = logging.getLogger(__name__)
@@ -120,14 +127,89 @@ class WandBTracker(Tracker):
         self._run.finish()
 
 
-TRACKERS = LazyRegistry("tracker")
-TRACKERS.register("jsonl", JSONLinesTracker)
-TRACKERS.register("wandb", WandBTracker)
-
-
 def build_trackers(names: Sequence[str], run: TrackerRun) -> list[Tracker]:
     """The trackers `names` (`--trackers`) for `run`, in that order. Call it on rank 0 only."""
     return [TRACKERS.get_class(name).from_run(run) for name in names]
+
+
+# W&B modes that need no login (`WANDB_MODE`, or `mode` in its settings files).
+WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")
+# The API hosts wandb reads a key for when no base_url is set: api.wandb.ai (wandb < 0.26's default, and the API
+# behind CoreWeave Forge) and Forge's (the default of newer wandb, which also accepts an api.wandb.ai entry).
+WANDB_DEFAULT_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
+
+
+def check_trackers(names: Sequence[str], environ: Mapping[str, str] | None = None) -> None:
+    """Refuse `wandb` among `names` when W&B would ask for a login, before anything heavy loads.
+
+    Reads what wandb reads, without network or importing wandb: WANDB_MODE, else `mode` in its settings files
+    (`<WANDB_CONFIG_DIR or ~/.config/wandb>/settings`, then `<WANDB_DIR or .>/wandb/settings`, as `wandb
+    offline` writes it); then the key in WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, the settings' `api_key`, or
+    the netrc file (`$NETRC`, else `~/.netrc`) entry `wandb login` writes for the host (WANDB_BASE_URL, the
+    settings' `base_url`, else W&B's cloud). Only rank 0 logs, but the entry scripts call this on every rank:
+    ranks sharing a machine see the same environment, so all stop together instead of waiting for rank 0.
+
+    Raises:
+        ConfigError: `wandb` is in `names`, W&B is online and no key is configured.
+    """
+    if "wandb" not in names:
+        return
+    env = os.environ if environ is None else environ
+    settings = _wandb_settings_files(env)
+    if (env.get("WANDB_MODE") or settings.get("mode")) in WANDB_LOCAL_MODES:
+        return
+    if env.get("WANDB_API_KEY") or env.get("WANDB_IDENTITY_TOKEN_FILE") or settings.get("api_key"):
+        return
+    base_url = env.get("WANDB_BASE_URL") or settings.get("base_url")
+    hosts = ((urlsplit(base_url).netloc or base_url),) if base_url else WANDB_DEFAULT_HOSTS
+    if base_url and urlsplit(base_url).hostname in ("forge.coreweave.com", "api.forge.coreweave.com"):
+        hosts += ("api.wandb.ai",)  # wandb falls back to the API host behind Forge
+    netrc_path = Path(env["NETRC"]).expanduser() if env.get("NETRC") else _default_netrc(env)
+    if _netrc_has_key(netrc_path, hosts):
+        return
+    raise ConfigError(
+        f"--trackers includes wandb, but W&B has no login here: WANDB_API_KEY is not set and {netrc_path} holds "
+        f"no key for {hosts[0]}, so W&B would stop the run once the model has loaded. Log in once with "
+        "`wandb login` (it stores the key in that file; on a cluster set WANDB_API_KEY on every node), or log "
+        "to local files with WANDB_MODE=offline (upload them later with `wandb sync`), or leave W&B out with "
+        "--trackers jsonl."
+    )
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+
+def _default_netrc(env: Mapping[str, str]) -> Path:
+    """`~/.netrc`, else `~/_netrc` where only that one exists (wandb's order)."""
+    unix, windows = _home(env) / ".netrc", _home(env) / "_netrc"
+    return windows if windows.exists() and not unix.exists() else unix
+
+
+def _netrc_has_key(path: Path, hosts: Sequence[str]) -> bool:
+    """Whether `path` holds a password for one of `hosts` (an unreadable or malformed file holds none, as for
+    wandb, which warns and goes on)."""
+    try:
+        parsed = netrc.netrc(str(path))
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return any((parsed.authenticators(host) or (None, None, ""))[2] for host in hosts)
+
+
+def _wandb_settings_files(env: Mapping[str, str]) -> dict[str, str]:
+    """The `[default]` section of W&B's global settings file, overridden by the workspace one (wandb's order)."""
+    config_dir = Path(env["WANDB_CONFIG_DIR"]).expanduser() if env.get("WANDB_CONFIG_DIR") else None
+    root = Path(env.get("WANDB_DIR") or ".").expanduser()
+    workspace = root / (".wandb" if (root / ".wandb").exists() else "wandb")
+    merged: dict[str, str] = {}
+    for path in ((config_dir or _home(env) / ".config" / "wandb") / "settings", workspace / "settings"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(path)
+            merged.update(parser.items("default"))
+        except (OSError, configparser.Error):
+            continue  # no file, or one wandb itself would skip
+    return merged
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from prismatic.conf.train import TrainConfig
-from prismatic.models.builders import attach_action_head, build_vlm
 from prismatic.models.hf_openvla import export_hf_openvla
 from prismatic.models.loading import load_vla, spec_of
 from prismatic.training.checkpointing import build_checkpointer
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.model_setup import attach_action_head, build_vlm
 from prismatic.training.out_of_memory import explain_out_of_memory
 from prismatic.training.preemption import Preempted, PreemptionHandler, exit_code
 from prismatic.training.profiling import build_profiler

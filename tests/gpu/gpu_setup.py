@@ -20,9 +20,9 @@ from torch.distributed.tensor import DTensor
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models.action_heads import ActionHead
-from prismatic.models.builders import attach_action_head, build_vlm
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.model_setup import attach_action_head, build_vlm
 from prismatic.training.optim import build_optimizer
 from prismatic.training.preemption import PreemptionHandler
 from prismatic.training.strategies import TrainingStrategy, get_train_strategy

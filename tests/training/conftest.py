@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from prismatic.conf.vla import get_vla_config
-from prismatic.models.builders import attach_action_head, build_vlm
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.model_setup import attach_action_head, build_vlm
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo

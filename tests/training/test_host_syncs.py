@@ -16,8 +16,8 @@ import torch
 from host_reads import HostReads
 
 from prismatic.conf.vla import get_vla_config
-from prismatic.models.builders import attach_action_head, build_vlm
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.model_setup import attach_action_head, build_vlm
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
@@ -72,7 +72,7 @@ def test_the_recorder_sees_each_kind_of_host_read_in_forward_and_backward() -> N
 
 
 def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: str):
-    """The model, head and set-up strategy as training builds them (`prismatic.models.builders`)."""
+    """The model, head and set-up strategy as training builds them (`prismatic.training.model_setup`)."""
     torch.manual_seed(0)
     vla = get_vla_config("tiny+mx-toy")
     # What `auto` resolves to on CUDA (tests/training/test_speed_options.py), forced on here.

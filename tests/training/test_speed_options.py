@@ -27,9 +27,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
-from prismatic.models.builders import attach_action_head
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import compiler_problem
+from prismatic.training.model_setup import attach_action_head
 from prismatic.training.optim import adamw_implementation, build_optimizer
 from prismatic.training.strategies import TRAIN_STRATEGIES, base, ddp, get_train_strategy
 from prismatic.training.strategies.base import is_right_padded

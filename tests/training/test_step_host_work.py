@@ -14,9 +14,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from prismatic.conf.vla import get_vla_config
-from prismatic.models.builders import attach_action_head
-from prismatic.models.builders import build_vlm as build_training_vlm
 from prismatic.training.metrics import StepMetrics
+from prismatic.training.model_setup import attach_action_head
+from prismatic.training.model_setup import build_vlm as build_training_vlm
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo

@@ -92,7 +92,7 @@ def test_the_training_stream_rounds_lengths_as_asked(toy_data_root: Path) -> Non
     length that is a multiple of 16."""
     from prismatic.conf.train import TrainConfig
     from prismatic.conf.vla import VLAConfig
-    from prismatic.models.builders import attach_action_head, build_vlm
+    from prismatic.training.model_setup import attach_action_head, build_vlm
     from prismatic.util.dist import DistInfo
     from prismatic.vla.datasets.builders import build_train_data
     from prismatic.vla.datasets.rlds import mixture_statistics

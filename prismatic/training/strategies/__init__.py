@@ -1,11 +1,9 @@
-"""Training strategies registry: `--vla.train_strategy` name -> `TrainingStrategy` class.
+"""Training strategies: `--vla.train_strategy` name -> `TrainingStrategy` class, and building the one a run uses.
 
-The names are read without torch (the config checks the flag while it parses); a class loads when it is built. A
-new strategy is its class plus one `TRAIN_STRATEGIES.register(name, "module:Class")` line; `cpu_offload=True`
-marks one that can keep parameters on the host (`--vla.cpu_offload`), `static_parameters=True` one whose
-parameters keep their storage between steps (what CUDA graphs replay on: `--vla.compile_mode`),
-`compiles_full_fine_tune=True` one under which `--vla.compile auto` compiles full fine-tunes. `auto` (the default)
-is no class: each run makes it one of them (`choose_train_strategy`).
+The registry (`TRAIN_STRATEGIES`) lives in the config layer (`prismatic.conf.registries`), which checks the flag
+while it parses, before torch loads; it is re-exported here. A class loads when it is built. A new strategy is its
+class plus one `TRAIN_STRATEGIES.register(name, "module:Class")` line, with the facts the speed plan reads
+(`cpu_offload`, `static_parameters`, `compiles_full_fine_tune`: see `prismatic.conf.registries`).
 """
 
 from __future__ import annotations
@@ -14,8 +12,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from prismatic.conf.registries import AUTO, TRAIN_STRATEGIES
 from prismatic.util.errors import ConfigError
-from prismatic.util.lazy import LazyRegistry, lazy_getattr
+from prismatic.util.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from prismatic.conf.vla import VLAConfig
@@ -24,24 +23,6 @@ if TYPE_CHECKING:
     from prismatic.util.dist import DistInfo
 
 logger = logging.getLogger(__name__)
-
-AUTO = "auto"  # --vla.train_strategy auto: a registered strategy chosen per run (`choose_train_strategy`)
-TRAIN_STRATEGIES = LazyRegistry("train_strategy")
-TRAIN_STRATEGIES.register(
-    "fsdp-full-shard", "prismatic.training.strategies.fsdp:FSDPStrategy", cpu_offload=True
-)
-TRAIN_STRATEGIES.register(
-    "fsdp-shard-grad-op", "prismatic.training.strategies.fsdp:FSDPShardGradOpStrategy", cpu_offload=True
-)
-# `static_parameters=True`: parameters keep their storage from step to step (what CUDA graphs replay on).
-# `compiles_full_fine_tune=True`: `--vla.compile auto` compiles its full fine-tunes too (measured faster: the ~1B
-# case with activation checkpointing, 633 against 701 ms per step on an H100).
-TRAIN_STRATEGIES.register(
-    "ddp",
-    "prismatic.training.strategies.ddp:DDPStrategy",
-    static_parameters=True,
-    compiles_full_fine_tune=True,
-)
 
 
 def choose_train_strategy(
