@@ -1,8 +1,11 @@
-"""Every shell command of README.md, docs/lerobot.md, docs/own_data.md and docs/libero.md runs as written from a fresh clone once
+"""Every shell command of the README and the user docs (DOCS below) runs as written from a fresh clone once
 `make install` has made the venv: its program is a Makefile target or a program of the venv (`.venv/bin/python`,
 `.venv/bin/torchrun`, `.venv/bin/hf`: never a bare `torchrun` that only an activated venv has), the script it runs
 is in this checkout (or is a file the doc writes), and every flag it passes is one the script's (or torchrun's)
 `--help` lists. Each script's `--help` is run as the docs run the script (cheap: `--help` loads no torch).
+No command needs a W&B login: a script whose `--trackers` default includes wandb (train.py) is run with
+`--trackers` naming no wandb, or with `WANDB_MODE=offline` / `disabled` in front; one without a login otherwise
+fails minutes in, when W&B starts.
 docs/own_data.md's worked example is run in full by tests/vla/test_own_data_doc.py.
 """
 
@@ -18,7 +21,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/lerobot.md", "docs/own_data.md", "docs/libero.md")
+DOCS = (
+    "README.md",
+    "docs/training.md",
+    "docs/checkpoints.md",
+    "docs/inference.md",
+    "docs/data_pipeline.md",
+    "docs/lerobot.md",
+    "docs/own_data.md",
+    "docs/libero.md",
+)
 BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 EXAMPLE_FILE = re.compile(r"<!-- example: ([\w.]+) -->")
 VENV = ".venv/bin/"
@@ -26,27 +38,39 @@ VENV = ".venv/bin/"
 VENV_BIN = REPO / ".venv" / "bin" if (REPO / ".venv" / "bin").is_dir() else Path(sys.executable).parent
 
 
-def doc_commands() -> list[tuple[str, list[str]]]:
-    """(doc, argv) of every command line in the docs' bash blocks (continuations joined, comments and leading
-    `NAME=value` assignments dropped)."""
+def doc_commands() -> list[tuple[str, list[str], dict[str, str]]]:
+    """(doc, argv, env) of every command line in the docs' bash blocks (continuations joined, comments dropped, the
+    leading `NAME=value` assignments moved from argv to env)."""
     commands = []
     for doc in DOCS:
         for block in BASH_BLOCK.findall((REPO / doc).read_text()):
             for line in block.replace("\\\n", " ").splitlines():
                 argv = shlex.split(line, comments=True)
+                env = {}
                 while argv and re.fullmatch(r"\w+=.*", argv[0]):
-                    argv = argv[1:]
+                    name, value = argv.pop(0).split("=", 1)
+                    env[name] = value
                 if argv:
-                    commands.append((doc, argv))
+                    commands.append((doc, argv, env))
     return commands
 
 
-COMMANDS = doc_commands()
+COMMANDS_WITH_ENV = doc_commands()
+COMMANDS = [(doc, argv) for doc, argv, _ in COMMANDS_WITH_ENV]
 
 
 def _script(argv: list[str]) -> str | None:
     """The Python script a command runs (`python X.py ...`, `torchrun [flags] X.py ...`), if any."""
     return next((arg for arg in argv[1:] if arg.endswith(".py") and not arg.startswith("-")), None)
+
+
+# The docs' commands that run a script of this checkout, with their environment: the ones the W&B rule applies to.
+SCRIPT_COMMANDS = [
+    (doc, argv, env)
+    for doc, argv, env in COMMANDS_WITH_ENV
+    if (_script(argv) or "").startswith("vla_scripts/")
+]
+WANDB_OFF = ("offline", "disabled")  # WANDB_MODE values under which W&B needs no login
 
 
 def _flags(args: list[str]) -> list[str]:
@@ -114,3 +138,61 @@ def test_every_command_runs_as_written(doc: str, argv: list[str]) -> None:
             assert "parse_config(" in (REPO / script).read_text(), f"{doc}: {script} does not read --plugins"
             continue
         assert re.search(rf"{re.escape(flag)}\b", script_help), f"{doc}: {script} --help lists no {flag}"
+
+
+def _trackers(argv: list[str]) -> list[str] | None:
+    """The trackers a command names with `--trackers` (`a b`, `a,b`, `[a, b]`, `[]`, `--trackers=a`), None if it
+    names none."""
+    for i, arg in enumerate(argv):
+        if arg == "--trackers" or arg.startswith("--trackers="):
+            values = [arg.split("=", 1)[1]] if "=" in arg else []
+            for value in argv[i + 1 :] if "=" not in arg else []:
+                if value.startswith("--"):
+                    break
+                values.append(value)
+            return [v for value in values for v in re.split(r"[,\s\[\]]+", value) if v]
+    return None
+
+
+def _default_trackers(script: str) -> list[str] | None:
+    """The `--trackers` default a script's `--help` prints (`(default: [jsonl, wandb])`), None if it has none."""
+    usage = help_text("python", script)
+    found = re.search(r"--trackers\b.*?\(default:\s*\[([^\]]*)\]\)", usage, re.S)
+    return None if found is None else [v for v in re.split(r"[,\s]+", found.group(1)) if v]
+
+
+def needs_wandb_login(argv: list[str], env: dict[str, str]) -> bool:
+    """Whether a command would start W&B online: it logs to wandb (named, or the script's default) and its
+    environment does not turn W&B offline."""
+    default = _default_trackers(_script(argv))
+    if default is None:
+        return False
+    trackers = _trackers(argv)
+    return "wandb" in (default if trackers is None else trackers) and env.get("WANDB_MODE") not in WANDB_OFF
+
+
+def test_the_wandb_rule_reads_commands() -> None:
+    # train.py logs to jsonl and wandb by default; eval_libero.py to jsonl alone (both from their --help).
+    assert _default_trackers("vla_scripts/train.py") == ["jsonl", "wandb"]
+    assert _default_trackers("vla_scripts/eval_libero.py") == ["jsonl"]
+    train = [f"{VENV}torchrun", "--nproc-per-node", "2", "vla_scripts/train.py", "--vla.type", "tiny+mx-toy"]
+    assert needs_wandb_login(train, {})
+    assert needs_wandb_login([*train, "--trackers", "jsonl", "wandb"], {})
+    assert needs_wandb_login([*train, "--trackers=jsonl,wandb", "--seed", "1"], {})
+    assert not needs_wandb_login([*train, "--trackers", "jsonl", "--seed", "1"], {})
+    assert not needs_wandb_login([*train, "--trackers", "[]"], {})
+    assert not needs_wandb_login(train, {"WANDB_MODE": "offline"})
+    assert needs_wandb_login(train, {"WANDB_MODE": "online"})
+    evaluate = [f"{VENV}python", "vla_scripts/eval_libero.py", "--task_suite", "libero_10"]
+    assert not needs_wandb_login(evaluate, {})
+    assert needs_wandb_login([*evaluate, "--trackers", "jsonl", "wandb"], {})
+
+
+@pytest.mark.parametrize(
+    ("doc", "argv", "env"), SCRIPT_COMMANDS, ids=[f"{d}:{' '.join(a)[:60]}" for d, a, _ in SCRIPT_COMMANDS]
+)
+def test_no_command_needs_a_wandb_login(doc: str, argv: list[str], env: dict[str, str]) -> None:
+    assert not needs_wandb_login(argv, env), (
+        f"{doc}: '{shlex.join(argv)}' logs to W&B, which fails without `wandb login`: add `--trackers jsonl` (or "
+        "put WANDB_MODE=offline in front), and say in prose how to add wandb"
+    )
