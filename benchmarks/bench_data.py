@@ -11,8 +11,8 @@ normalisation) -> `PaddedCollatorForActionPrediction`, batch 16, `DataLoader(num
 Frames/s is measured after `--warmup_batches` (which also fill the shuffle buffer); peak RSS is the process's
 high-water mark (`ru_maxrss`), so it includes TensorFlow, torch and the tokenizer. Their share is printed
 separately: "floor" is the RSS once every library, the tokenizer and the image transform are loaded and before
-the pipeline is built (~1.1 GiB on a CPU box with the CUDA torch wheel: torch 0.50, torchvision 0.16,
-TensorFlow 0.43), and "data path" is peak minus floor, next to the pipeline's own estimate of its shuffle buffer.
+the pipeline is built (torch, torchvision and TensorFlow), and "data path" is peak minus floor, next to the
+pipeline's own estimate of its shuffle buffer.
 """
 
 from __future__ import annotations

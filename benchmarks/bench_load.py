@@ -13,7 +13,7 @@ built from a config: ~620 MB in FP32 by default), exports it as several safetens
 
 Peak RSS above the floor is the process's high-water mark (VmHWM) when the load returns, minus its RSS just before
 the load; the high-water mark is reset there (`/proc/self/clear_refs`). Before that, each process loads a tiny
-checkpoint the same way, so the ~50 MB of code the first load imports (timm, tokenizers, model classes) sits in the
+checkpoint the same way, so the code the first load imports (timm, tokenizers, model classes) sits in the
 floor rather than in the figure. Linux only.
 """
 

@@ -12,9 +12,9 @@ need computed:
 - attention's own FLOPs (scores and weighted values: no weights; `bmm` and SDPA's kernels).
 
 The rule this replaced (6 x trainable + 4 x frozen parameters per token, as the issue's first figures were counted)
-counted the first two as work and missed the l1-chunk head's MLP. On the same frames it read 4.1 % above this count
-for 7B LoRA, 4.0 % with the l1-chunk head and 15.5 % for the ~1B full fine-tune (Qwen2.5's 136M-parameter tied
-embedding, 28 % of its LLM, counted at every token), so MFU figures measured before 2026-11-28 read that much high.
+counted the first two as work and missed the l1-chunk head's MLP, so it read high, most for the ~1B full fine-tune
+(Qwen2.5's large tied embedding counted at every token); benchmarks/results/2026-11-28-model-flops.md compares the
+two counts and corrects the MFU of the reports before it.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and build the toy datasets; a mistake exits 2 in one paragraph."""
     cfg = parse_config(ToyConfig, argv, doc=__doc__)
 
-    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
+    # lazy: importing the dataset tables takes time, spared to --help and flag errors
     from prismatic.vla.datasets.rlds.toy import build_libero_toy_datasets, build_toy_datasets, toy_dataset_dir
 
     names = build_toy_datasets(cfg.data_root_dir, seed=cfg.seed)

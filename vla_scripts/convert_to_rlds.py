@@ -169,7 +169,7 @@ def _check_like_first(
 
 
 def _to_rlds(episode: dict[str, Any], file_path: str) -> dict[str, Any]:
-    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
+    # lazy: importing the dataset tables takes time, spared to --help and flag errors
     from prismatic.vla.datasets.rlds.writer import rlds_step_flags
 
     num_steps = len(episode["action"])
@@ -292,7 +292,7 @@ def _write(
             _check_like_first(episode, source.who(i), first, source.first_who)
             yield _to_rlds(episode, source.file_path(i))
 
-    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
+    # lazy: importing the dataset tables takes time, spared to --help and flag errors
     from prismatic.vla.datasets.rlds.writer import (
         rlds_episode_features,
         rlds_step_features,
@@ -367,7 +367,7 @@ def convert(
 def _convert_lerobot(
     lerobot_dir: Path, data_root_dir: Path, name: str, *, cameras: Sequence[str] | None = None, **kwargs: Any
 ) -> tuple[Converted, Any]:
-    # lazy: pyarrow and PyAV (~0.3 s), needed for LeRobot input only
+    # lazy: pyarrow and PyAV, needed for LeRobot input only
     from prismatic.vla.datasets.rlds.lerobot import open_lerobot
 
     _check_split_args(kwargs["val_fraction"], kwargs["num_shards"])
@@ -661,7 +661,7 @@ def write_dataset_plugin(data_root_dir: Path, name: str, text: str) -> Path | No
     Nothing is written (None is returned, with a warning) when `name` is already a registered dataset (built in,
     or from --plugins): a second registration of the name would fail.
     """
-    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
+    # lazy: importing the dataset tables takes time, spared to --help and flag errors
     from prismatic.vla.datasets.rlds.configs import DATASET_CONFIGS
 
     path = Path(data_root_dir) / name / f"{name}_dataset.py"

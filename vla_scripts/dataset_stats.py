@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(StatsConfig, argv, doc=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
+    # lazy: importing the dataset tables takes time, spared to --help and flag errors
     from prismatic.vla.datasets.rlds import mixture_statistics, save_dataset_statistics
 
     statistics = mixture_statistics(

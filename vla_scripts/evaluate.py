@@ -1,6 +1,6 @@
 r"""Offline evaluation: how well a trained policy predicts the actions of a held-out RLDS split.
 
-    python vla_scripts/evaluate.py --checkpoint runs/demo/checkpoints/step-000300-epoch-01-loss=0.1234.pt \
+    python vla_scripts/evaluate.py --checkpoint runs/first/checkpoints/step-000300-epoch-04 \
         --data_root_dir data/toy [--data_mix toy] [--split val] [--batch_size 32] [--max_frames 1000]
 
     torchrun --standalone --nnodes 1 --nproc-per-node 8 vla_scripts/evaluate.py --checkpoint runs/<run_id> \
@@ -161,7 +161,7 @@ def evaluate_checkpoint(cfg: EvaluateConfig, data_flags: frozenset[str] = frozen
     check_config(cfg)  # before the heavy imports: a typo costs no model or TensorFlow start-up
     data_mix = resolve_data_mix(cfg)
 
-    # lazy: the dataset tables cost ~0.15 s, spared to --help and flag errors
+    # lazy: importing the dataset tables takes time, spared to --help and flag errors
     from prismatic.vla.datasets.rlds import mixture_statistics, resolve_mixture_dirs
 
     # An unknown mixture or missing datasets fail here, before the model loads.

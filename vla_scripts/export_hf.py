@@ -2,7 +2,7 @@ r"""Export a trained run (or any loadable VLA) to the Hugging Face OpenVLA layou
 `openvla/openvla-7b` (LIBERO, real-robot servers) loads it unchanged; or, with `--format safetensors`, to one
 consolidated model-only file (`<out_dir>/checkpoints/model.safetensors` + `config.json`) that this tool loads.
 
-    python vla_scripts/export_hf.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01 \
+    python vla_scripts/export_hf.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-04 \
         --out_dir hf/<run_id> [--dtype bfloat16] [--hf_code_dir /path/to/openvla/prismatic/extern/hf]
 
 `--checkpoint` also takes a run folder (its latest checkpoint), a Prismatic run folder or an HF OpenVLA folder.
@@ -10,11 +10,13 @@ The action statistics (`config.json`'s `norm_stats`) come from the run folder's 
 `--dataset_statistics` names another file (written as `norm_stats` and `dataset_statistics.json`). A LoRA
 checkpoint is merged into plain weights first.
 
-The folder loads with OpenVLA's two lines, `AutoProcessor` / `AutoModelForVision2Seq.from_pretrained(folder,
-trust_remote_code=True)`: its `auto_map` names OpenVLA's modeling code in the Hub repository `--hf_code_repo`
-(default openvla/openvla-7b; transformers fetches it on the first load and caches it), so no OpenVLA checkout is
-needed. Offline sites pass `--hf_code_dir` instead: OpenVLA's `configuration_prismatic.py`, `modeling_prismatic.py`,
-`processing_prismatic.py` are copied beside the weights and `auto_map` names those local files.
+Under transformers 4.x (OpenVLA's pin) the folder loads with OpenVLA's two lines, `AutoProcessor` /
+`AutoModelForVision2Seq.from_pretrained(folder, trust_remote_code=True)`; under 5.x, with `load_vla` / `load_policy`
+(docs/checkpoints.md says which exports load where). Its `auto_map` names OpenVLA's modeling code in the Hub
+repository `--hf_code_repo` (default openvla/openvla-7b; transformers fetches it on the first load and caches it),
+so no OpenVLA checkout is needed. Offline sites pass `--hf_code_dir` instead: OpenVLA's
+`configuration_prismatic.py`, `modeling_prismatic.py`, `processing_prismatic.py` are copied beside the weights and
+`auto_map` names those local files.
 """
 
 from __future__ import annotations

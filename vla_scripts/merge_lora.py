@@ -1,6 +1,6 @@
 r"""Merge a LoRA run's adapters into plain weights: a run folder anyone can load without peft (and export).
 
-    python vla_scripts/merge_lora.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-01 \
+    python vla_scripts/merge_lora.py --checkpoint runs/<run_id>/checkpoints/step-000300-epoch-04 \
         --out_dir runs/<run_id>-merged [--hf_out_dir hf/<run_id>]
 
 Or keep the adapters alone (a few MB per run, peft's format) and merge them onto their base on demand:

@@ -129,7 +129,7 @@ class VLAPolicy:
         self.source, self.device, self.dtype, self.constrained = source, device, dtype, constrained
         self.tokenizer = vlm.llm_backbone.tokenizer
         self.image_transform = vlm.vision_backbone.get_image_transform()
-        # uint8 arrays already at the transform's size skip the PIL round trip (the same tensors, ~30x less time).
+        # uint8 arrays already at the transform's size skip the PIL round trip (the same tensors, much less time).
         self._fast_transform = fast_image_transform(self.image_transform)
         self.prompt_builder_fn = vlm.llm_backbone.prompt_builder_fn
         self.action_tokenizer = ActionTokenizer(self.tokenizer)

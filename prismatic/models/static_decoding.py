@@ -1,9 +1,8 @@
 """Greedy decoding over a static KV cache, the prefill and each decode step replayed from captured CUDA graphs.
 
 A 7B decode step on one token is ~1,000 kernel launches of a few microseconds each: eager, the GPU waits for
-Python (measured on an H200: 122 ms for OpenVLA's 7 action tokens with the dynamic cache, where reading the
-weights 7 times takes ~20 ms). Here everything after the host's preprocessing runs as two CUDA graphs, captured
-once per shape and replayed for every later request:
+Python, far longer than reading the weights takes. Here everything after the host's preprocessing runs as two
+CUDA graphs, captured once per shape and replayed for every later request:
 - the prefill: token embeddings, the vision backbone and projector, the prompt laid out right-aligned (one gather
   from text and patches), the LLM over it into a `StaticCache` (fixed-size keys / values), the first greedy choice;
 - one decode step: embed the last token, the LLM over the cache, the next greedy choice, advance mask and position.
@@ -18,14 +17,14 @@ write position as a tensor (`cumulative_length`), or where the model has sliding
 host) runs the same functions eagerly.
 
 Replayed, a 7B step still runs ~1,000 small unfused kernels (RMSNorm, RoPE, SiLU, residual adds, cache writes:
-~17 of the 65 ms of an action on an H100). With `compile_steps` they are compiled by `torch.compile` (inductor)
-after the first, eager call of each shape, run once (compiling them, never inside a capture), then captured, so the
-graphs replay inductor's fused kernels. What compiles (`compile_scope`):
+a large share of an action's time on a GPU; benchmarks/results/ has the profile). With `compile_steps` they are
+compiled by `torch.compile` (inductor) after the first, eager call of each shape, run once (compiling them, never
+inside a capture), then captured, so the graphs replay inductor's fused kernels. What compiles (`compile_scope`):
 - "layers" (the default): each ViT block and LLM decoder layer, torchtitan's way, the glue between them eager. The
   blocks of a stack share their code and so their graphs (the cache is stacked so that a layer's index is a
   symbol, `_stackable_cache_class`): a handful of graphs of one block each, whatever the depth.
-- "whole": the two functions, each one graph of the whole model (compiling a 7B prefill and step took 111 s on an
-  H100), which fuses across block boundaries and the glue too.
+- "whole": the two functions, each one graph of the whole model (minutes of compiling at 7B), which fuses across
+  block boundaries and the glue too.
 Either way batch size and prompt and cache lengths are symbols in the graphs, so they compile once for one request
 and once for larger batches, and a later shape only captures its graphs (when each shape compiled its own, a
 server paid the compile for every new batch size and prompt length). Where compiling fails, the model keeps the
