@@ -196,3 +196,28 @@ def test_no_command_needs_a_wandb_login(doc: str, argv: list[str], env: dict[str
         f"{doc}: '{shlex.join(argv)}' logs to W&B, which fails without `wandb login`: add `--trackers jsonl` (or "
         "put WANDB_MODE=offline in front), and say in prose how to add wandb"
     )
+
+
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+REPORT_LINK = re.compile(r"\]\([^)]*benchmarks/results/[^)]*\)")
+
+
+def test_the_docs_are_reference_and_the_readme_is_short() -> None:
+    # Figures and their dates live in benchmarks/results/; the docs may link a report, not restate when or how.
+    for doc in ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]:
+        text = REPORT_LINK.sub("", (REPO / doc).read_text())
+        assert not DATE.findall(text), f"{doc} names a date {DATE.findall(text)}: move the figure to a report"
+        assert not re.search(r"\blease\b", text), f"{doc} speaks of a lease: move the figure to a report"
+    assert len((REPO / "README.md").read_text().splitlines()) <= 250
+    assert "<!-- demo-output -->" in (REPO / "README.md").read_text()
+
+
+def test_every_report_has_its_header() -> None:
+    reports = sorted((REPO / "benchmarks" / "results").glob("20*.md"))
+    assert reports
+    for report in reports:
+        rows = dict(re.findall(r"(?m)^\| (card|date|commit|command) \| (.+) \|$", report.read_text()))
+        assert set(rows) == {"card", "date", "commit", "command"}, (
+            f"{report.name}: header rows {sorted(rows)}"
+        )
+        assert report.name.startswith(rows["date"][:10]), f"{report.name} is dated {rows['date']}"
