@@ -93,6 +93,9 @@ EXPECTED_TEXT_CONFIG = {
     "pad_token_id": 1024,
     "bos_token_id": 1,
     "eos_token_id": 2,
+    # The export's dtype in both spellings: transformers 5 reads `dtype`, 4.x `torch_dtype`; never the dtype the
+    # LLM's config had in memory (the export converts the weights, float32 in the checkpoint, to bfloat16).
+    "dtype": "bfloat16",
     "torch_dtype": "bfloat16",
     "use_cache": True,
 }

@@ -6,7 +6,8 @@
   `AutoModelForVision2Seq.from_pretrained(folder, trust_remote_code=True)` needs no OpenVLA checkout; with
   `--hf_code_dir` the files are copied in and `auto_map` names the local modules.
 - `config.json` / `text_config` carry 5.x's `dtype` / `rope_parameters` and 4.x's `torch_dtype` / flat
-  `rope_theta`, and `transformers_version`; `tokenizer_config.json` only keys 4.40 knows.
+  `rope_theta`, and `transformers_version`; `tokenizer_config.json` only keys 4.40 knows. Both dtype keys, at
+  both levels, are the export's dtype, also when the model in memory has another.
 - A Qwen2.5-family LLM (rope base 1e6) keeps its rope base when the files are read as transformers 4.40's
   `Qwen2Config.__init__` reads them (restated below: no old transformers is installed), and under ours.
 - `export_hf.py --dataset_statistics FILE` writes that file as `norm_stats` and `dataset_statistics.json`.
@@ -225,6 +226,24 @@ def test_configs_carry_keys_for_old_and_new_readers(exported: Path) -> None:
     tokenizer_config = _json(exported / "tokenizer_config.json")
     assert not set(TRANSFORMERS5_TOKENIZER_KEYS) & set(tokenizer_config)
     assert set(tokenizer_config) <= TOKENIZER_KEYS_440, set(tokenizer_config) - TOKENIZER_KEYS_440
+
+
+def test_a_bfloat16_export_of_a_float32_model_says_bfloat16_everywhere(llama_vlm, tmp_path: Path) -> None:
+    """The model in memory is float32 and so is its LLM config; the export writes bfloat16 weights and must say
+    so in all four keys: transformers 5 builds the LLM in `text_config.dtype`, 4.x reads `torch_dtype`."""
+    assert llama_vlm.llm_backbone.llm.dtype == torch.float32
+    out = _export(llama_vlm, tmp_path / "hf", dtype="bfloat16")
+    config = _json(out / "config.json")
+    assert (config["dtype"], config["torch_dtype"]) == ("bfloat16", "bfloat16")
+    text = config["text_config"]
+    assert (text["dtype"], text["torch_dtype"]) == ("bfloat16", "bfloat16")
+    # The weights as stored (each safetensors file opens with an 8-byte length and its JSON header of tensors).
+    stored = set()
+    for shard in out.glob("*.safetensors"):
+        with shard.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        stored |= {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+    assert "BF16" in stored and not {"F32", "F16", "F64"} & stored, stored
 
 
 def test_qwen25_keeps_its_rope_base_for_old_and_new_readers(make_batch, tmp_path: Path, monkeypatch) -> None:
