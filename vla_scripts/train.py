@@ -19,6 +19,7 @@ import sys
 
 from prismatic.conf.train import TrainConfig
 from prismatic.training.run_folder import RunFolder
+from prismatic.training.trackers import check_trackers
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.topology import num_nodes, world_size
 
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(TrainConfig, argv, doc=__doc__)
     world = world_size()
     cfg.validate(world)
+    check_trackers(cfg.trackers)  # no W&B login: one paragraph now, not a traceback after the model loads
     if cfg.vla.cpu_offload or cfg.vla.compile_mode == "reduce-overhead" or cfg.vla.batched_grad_copy == "on":
         _check_device_flags(cfg, world)  # refused now, not after the model and data have loaded
     RunFolder.of(cfg, num_nodes(world)).check(cfg)
