@@ -220,7 +220,7 @@ def test_bad_input_exits_2_with_one_message(
     toy_run: Path, toy_data_root: Path, extra: list[str], message: str
 ) -> None:
     args = ["--checkpoint", str(toy_run), "--data_root_dir", str(toy_data_root), *extra]
-    proc = run_evaluate(args, timeout=60)
+    proc = run_evaluate(args)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
