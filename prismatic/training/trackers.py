@@ -134,8 +134,8 @@ def build_trackers(names: Sequence[str], run: TrackerRun) -> list[Tracker]:
 
 # W&B modes that need no login (`WANDB_MODE`, or `mode` in its settings files).
 WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")
-# The API hosts wandb reads a key for when no base_url is set: api.wandb.ai (wandb < 0.26's default, and the API
-# behind CoreWeave Forge) and Forge's (the default of newer wandb, which also accepts an api.wandb.ai entry).
+# The API hosts wandb reads a key for when no base_url is set: api.wandb.ai (W&B's cloud, older wandb's default)
+# and CoreWeave Forge's (recent wandb's default, which also takes an api.wandb.ai entry: the API behind Forge).
 WANDB_DEFAULT_HOSTS = ("api.wandb.ai", "api.forge.coreweave.com")
 
 
