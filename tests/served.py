@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SERVE = REPO / "vla_scripts" / "serve.py"
 # A deadline for a stuck start-up, not a speed requirement: loading the tiny run takes seconds, but 2 cores are
 # shared with the rest of the suite.
