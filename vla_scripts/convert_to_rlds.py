@@ -203,6 +203,8 @@ class _Source:
     first_who: str  # how "does not match the first episode ..." names the first one
     file_path: Callable[[int], str]  # i -> its episode_metadata/file_path
     description: str  # the dataset's tfds description
+    # i -> the group `--val_split per_instruction` holds out from (its instruction); None: the source has none cheap
+    group: Callable[[int], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,10 @@ class Converted:
     action_dim: int
 
 
-def _check_split_args(val_fraction: float, num_shards: int) -> None:
+VAL_SPLITS = ("last", "per_instruction")  # --val_split: which episodes the val split holds
+
+
+def _check_split_args(val_fraction: float, num_shards: int, val_split: str = "last") -> None:
     if not 0 <= val_fraction < 1:  # also refuses NaN
         raise ConfigError(
             f"--val_fraction {val_fraction} is outside [0, 1): it is the fraction of episodes held out for "
@@ -223,6 +228,50 @@ def _check_split_args(val_fraction: float, num_shards: int) -> None:
         )
     if num_shards < 1:
         raise ConfigError(f"--num_shards {num_shards} must be at least 1 (tfrecord files per split).")
+    if val_split not in VAL_SPLITS:
+        raise ConfigError(
+            f"--val_split '{val_split}' is not one of {', '.join(VAL_SPLITS)} (last: the last episodes by file "
+            f"name; per_instruction: the last episodes of every instruction).{did_you_mean(val_split, VAL_SPLITS)}"
+        )
+
+
+def split_episodes(
+    count: int, val_fraction: float, groups: Sequence[str] | None = None
+) -> dict[str, list[int]]:
+    """Episode indices (0 .. count - 1) of the train and val splits.
+
+    Without `groups`, val holds the last `round(val_fraction * count)` episodes (at least one when `val_fraction >
+    0`). With `groups` (one label per episode: its instruction, its task), it holds that share of every group, the
+    group's last episodes, so that validation sees every task.
+
+    Raises:
+        ConfigError: the held-out share leaves no training episode (of a group, with `groups`).
+    """
+
+    def held_out(n: int) -> int:
+        return max(1, round(val_fraction * n)) if val_fraction > 0 else 0
+
+    if groups is None:
+        members = {"all episodes": list(range(count))}
+    else:
+        members = {}
+        for index, group in enumerate(groups):
+            members.setdefault(group, []).append(index)
+    val: list[int] = []
+    for group, indices in members.items():
+        num_val = held_out(len(indices))
+        if num_val >= len(indices):
+            where = "" if groups is None else f" of group '{group}'"
+            raise ConfigError(
+                f"--val_fraction {val_fraction} of {len(indices)} episode(s){where} leaves none for training; lower "
+                "it or add episodes."
+            )
+        val += indices[len(indices) - num_val :]
+    held = set(val)
+    splits = {"train": [i for i in range(count) if i not in held]}
+    if val:
+        splits["val"] = sorted(val)
+    return splits
 
 
 def _write(
@@ -235,6 +284,7 @@ def _write(
     num_shards: int,
     overwrite: bool,
     primary: str | None = None,
+    val_split: str = "last",
 ) -> Converted:
     """Write `source`'s episodes as `<data_root_dir>/<name>/<version>` (see `convert`)."""
     target = Path(data_root_dir) / name / version
@@ -252,15 +302,15 @@ def _write(
     state_dim = None if first["state"] is None else int(first["state"][0])
     del first_episode  # only its shapes are kept: memory stays one episode
 
-    num_val = max(1, round(val_fraction * source.count)) if val_fraction > 0 else 0
-    if num_val >= source.count:
-        raise ConfigError(
-            f"--val_fraction {val_fraction} of {source.count} episode(s) leaves none for training; lower it or "
-            "add episodes."
-        )
-    splits = {"train": range(source.count - num_val)}
-    if num_val:
-        splits["val"] = range(source.count - num_val, source.count)
+    groups = None
+    if val_split == "per_instruction" and val_fraction > 0:
+        if source.group is None:
+            raise ConfigError(
+                "--val_split per_instruction reads each episode's instruction before writing, which only episode "
+                "files (--episodes_dir) give cheaply; use --val_split last for a LeRobot dataset."
+            )
+        groups = [source.group(i) for i in range(source.count)]
+    splits = split_episodes(source.count, val_fraction, groups)
     smallest = min(len(r) for r in splits.values())
     if num_shards > smallest:
         logger.warning(
@@ -312,6 +362,42 @@ def _write(
     return Converted(target, image_keys, state_dim, int(first["action"][0]))
 
 
+def read_instruction(path: Path) -> str:
+    """The instruction of one episode file, without reading its images (what `--val_split per_instruction` groups
+    by); a file without one gives "" (`load_episode` names the problem when the file is converted)."""
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                value = data["instruction"] if "instruction" in data.files else ""
+        else:
+            import h5py  # lazy: only .h5 episode files need it
+
+            with h5py.File(path, "r") as f:
+                value = f["instruction"][()] if "instruction" in f else f.attrs.get("instruction", "")
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return ""  # unreadable: load_episode raises the full message for this file
+    value = np.asarray(value).reshape(-1)[0] if np.asarray(value).size else ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _episode_paths_source(
+    paths: Sequence[Path],
+    description: str,
+    groups: Sequence[str] | None = None,
+    file_paths: Sequence[str] | None = None,
+) -> _Source:
+    paths = list(paths)
+    return _Source(
+        count=len(paths),
+        load=lambda i: load_episode(paths[i]),
+        who=lambda i: f"Episode file '{paths[i]}'",
+        first_who=f"'{paths[0]}'",
+        file_path=(lambda i: file_paths[i]) if file_paths is not None else (lambda i: str(paths[i])),
+        description=description,
+        group=(lambda i: groups[i]) if groups is not None else (lambda i: read_instruction(paths[i])),
+    )
+
+
 def _episode_files_source(episodes_dir: Path) -> _Source:
     episodes_dir = Path(episodes_dir)
     if not episodes_dir.is_dir():
@@ -319,19 +405,52 @@ def _episode_files_source(episodes_dir: Path) -> _Source:
     paths = sorted(p for p in episodes_dir.iterdir() if p.suffix in EPISODE_SUFFIXES)
     if not paths:
         raise ConfigError(f"No {'/'.join(EPISODE_SUFFIXES)} episode files in '{episodes_dir}'.")
-    return _Source(
-        count=len(paths),
-        load=lambda i: load_episode(paths[i]),
-        who=lambda i: f"Episode file '{paths[i]}'",
-        first_who=f"'{paths[0]}'",
-        file_path=lambda i: str(paths[i]),
-        description=f"Converted from {episodes_dir} by vla_scripts/convert_to_rlds.py.",
-    )
+    return _episode_paths_source(paths, f"Converted from {episodes_dir} by vla_scripts/convert_to_rlds.py.")
 
 
 def _convert_episode_files(episodes_dir: Path, data_root_dir: Path, name: str, **kwargs: Any) -> Converted:
-    _check_split_args(kwargs["val_fraction"], kwargs["num_shards"])
+    _check_split_args(kwargs["val_fraction"], kwargs["num_shards"], kwargs.get("val_split", "last"))
     return _write(_episode_files_source(episodes_dir), data_root_dir, name, primary="image", **kwargs)
+
+
+def write_episode_files(
+    paths: Sequence[Path],
+    data_root_dir: Path,
+    name: str,
+    *,
+    groups: Sequence[str] | None = None,
+    file_paths: Sequence[str] | None = None,
+    description: str,
+    version: str = "1.0.0",
+    val_fraction: float = 0.0,
+    num_shards: int = 1,
+    overwrite: bool = False,
+) -> Converted:
+    """Write the episode files `paths`, in that order, as `<data_root_dir>/<name>/<version>` (what `convert` does
+    for a folder; `vla_scripts/collect_demos.py` writes its demonstrations through it).
+
+    `groups` (one label per path, e.g. the task) makes the val split hold the last `val_fraction` of every group
+    (`split_episodes`); without it, of every instruction. `file_paths` is what each episode's
+    `episode_metadata/file_path` records (default: its path), e.g. a name that outlives a temporary folder.
+
+    Raises:
+        ConfigError: as `convert`.
+    """
+    if not paths:
+        raise ConfigError(f"No episodes to write as the RLDS dataset '{name}'.")
+    _check_split_args(val_fraction, num_shards, "per_instruction")
+    source = _episode_paths_source(paths, description, groups, file_paths)
+    return _write(
+        source,
+        data_root_dir,
+        name,
+        primary="image",
+        version=version,
+        val_fraction=val_fraction,
+        num_shards=num_shards,
+        overwrite=overwrite,
+        val_split="per_instruction",
+    )
 
 
 def convert(
@@ -343,13 +462,16 @@ def convert(
     val_fraction: float = 0.0,
     num_shards: int = 1,
     overwrite: bool = False,
+    val_split: str = "last",
 ) -> Path:
     """Convert every episode file of `episodes_dir` (sorted by name); return `<data_root_dir>/<name>/<version>`.
 
     The last `round(val_fraction * N)` episodes (at least one when `val_fraction > 0`) form the `val` split (with
-    none, training reads the last 5% of `train` as validation). Image shapes, the state width and the action
-    width come from the first episode; every other episode must match them. `num_shards` larger than a split's
-    number of episodes is lowered to it, with a warning (tfds cannot write empty shards).
+    none, training reads the last 5% of `train` as validation); `val_split="per_instruction"` holds out that share
+    of every instruction's episodes instead (at least one each), so validation covers every task. Image shapes, the
+    state width and the action width come from the first episode; every other episode must match them.
+    `num_shards` larger than a split's number of episodes is lowered to it, with a warning (tfds cannot write empty
+    shards).
 
     Raises:
         ConfigError: a bad argument, no episode files, an episode file that is unreadable, incomplete or unlike
@@ -360,6 +482,7 @@ def convert(
         "val_fraction": val_fraction,
         "num_shards": num_shards,
         "overwrite": overwrite,
+        "val_split": val_split,
     }
     return _convert_episode_files(episodes_dir, data_root_dir, name, **kwargs).target
 
@@ -370,7 +493,7 @@ def _convert_lerobot(
     # lazy: pyarrow and PyAV, needed for LeRobot input only
     from prismatic.vla.datasets.rlds.lerobot import open_lerobot
 
-    _check_split_args(kwargs["val_fraction"], kwargs["num_shards"])
+    _check_split_args(kwargs["val_fraction"], kwargs["num_shards"], kwargs.get("val_split", "last"))
     lerobot = open_lerobot(Path(lerobot_dir), cameras)
     refs = lerobot.episodes
     source = _Source(
@@ -420,7 +543,9 @@ def convert_lerobot(
 # The plugin file that registers the converted dataset
 # ==========================================================================================================
 
-ACTION_DIMS = {7: "EEF_POS", 8: "JOINT_POS"}  # the pipeline's action encodings (configs.ACTION_DIM)
+# The pipeline's action encodings by width (configs.ACTION_DIM).
+ACTION_DIMS = {7: "EEF_POS", 8: "JOINT_POS", 4: "EEF_XYZ_GRIPPER"}
+ENCODING_WIDTHS = {encoding: width for width, encoding in ACTION_DIMS.items()}
 # --action_space: what the action's numbers mean -> (encoding, every dimension absolute?, the plugin's comment).
 # Absolute dimensions repeat their last value when a chunk is padded past an episode's end; deltas get zeros.
 ACTION_SPACES = {
@@ -428,6 +553,11 @@ ACTION_SPACES = {
     "eef_absolute": ("EEF_POS", True, "absolute EEF pose: xyz, roll-pitch-yaw, gripper"),
     "joint_deltas": ("JOINT_POS", False, "joint deltas, then the gripper (absolute)"),
     "joint_positions": ("JOINT_POS", True, "joint position targets, gripper last"),
+    "eef_delta_xyz_gripper": (
+        "EEF_XYZ_GRIPPER",
+        False,
+        "EEF xyz deltas, then the gripper (absolute), no rotation (Meta-World's layout)",
+    ),
 }
 ACTION_SPACE_CHOICES = ("infer", *ACTION_SPACES)
 # Words of LeRobot action names that make them joints (SO-100 / Koch "shoulder_pan", ALOHA "left_waist", ...).
@@ -462,19 +592,26 @@ def action_meaning(
 ) -> ActionMeaning:
     """The action's meaning: `stated` (an --action_space choice), or inferred when it is "infer".
 
-    Inferred: 7 numbers are an EEF pose + gripper, other widths joints + gripper (the pipeline's two encodings);
-    LeRobot actions are absolute targets (what lerobot records for its robots: joint positions when info.json
-    names joints), episode files follow OpenVLA's deltas with an absolute gripper.
+    Inferred: 7 numbers are an EEF pose + gripper; 4 numbers of episode files EEF xyz deltas + gripper (Meta-World's
+    layout, `collect_demos.py`'s); other widths joints + gripper; LeRobot actions are absolute targets (what lerobot
+    records for its robots: joint positions when info.json names joints), episode files follow OpenVLA's deltas with
+    an absolute gripper.
 
     Raises:
-        ConfigError: an EEF meaning stated for actions that do not have 7 numbers.
+        ConfigError: an EEF meaning stated for actions of another width (7 numbers, or 4 for eef_delta_xyz_gripper).
     """
     if stated != "infer":
-        if ACTION_SPACES[stated][0] == "EEF_POS" and action_dim != 7:
+        encoding = ACTION_SPACES[stated][0]
+        if encoding == "EEF_POS" and action_dim != 7:
             raise ConfigError(
                 f"--action_space {stated} needs 7 action numbers (xyz, roll-pitch-yaw, gripper), but the actions "
                 f"have {action_dim}. Pass joint_positions or joint_deltas (padded to 8), or map them in a "
                 "standardisation function of the plugin file."
+            )
+        if encoding == "EEF_XYZ_GRIPPER" and action_dim != 4:
+            raise ConfigError(
+                f"--action_space {stated} needs 4 action numbers (xyz, gripper), but the actions have {action_dim}. "
+                "Pass eef_delta for 7 (xyz, roll-pitch-yaw, gripper), joint_positions or joint_deltas otherwise."
             )
         return ActionMeaning(stated, lerobot)
     joints = [name for name in names if _JOINT_WORDS.search(name)]
@@ -483,6 +620,8 @@ def action_meaning(
     elif action_dim == 7:
         space = "eef_absolute" if lerobot else "eef_delta"
         why = "7 numbers; " + ("LeRobot actions are targets" if lerobot else "OpenVLA's EEF deltas + gripper")
+    elif action_dim == 4 and not lerobot:
+        space, why = "eef_delta_xyz_gripper", "4 numbers; EEF xyz deltas + gripper, as Meta-World's"
     else:
         space = "joint_positions" if lerobot else "joint_deltas"
         why = f"{action_dim} numbers; " + (
@@ -502,9 +641,9 @@ def camera_slots(image_keys: Sequence[str]) -> dict[str, str | None]:
 
 def standardize_fn_id(name: str, action_dim: int, encoding: str | None = None) -> str:
     """The plugin's standardize_fn: "identity" when the actions fill their encoding (7 for EEF_POS, 8 for
-    JOINT_POS; default: EEF_POS for 7 numbers) and for more than 8 (which the plugin refuses), else the padding
-    function it defines (to JOINT_POS's 8)."""
-    width = 7 if (encoding or ACTION_DIMS.get(action_dim, "JOINT_POS")) == "EEF_POS" else 8
+    JOINT_POS, 4 for EEF_XYZ_GRIPPER; default: the encoding of that many numbers) and for more than 8 (which the
+    plugin refuses), else the padding function it defines (to JOINT_POS's 8)."""
+    width = ENCODING_WIDTHS[encoding or ACTION_DIMS.get(action_dim, "JOINT_POS")]
     return "identity" if action_dim >= width else f"{name}_pad_actions"
 
 
@@ -525,13 +664,15 @@ def registry_entry(
         for view, key in camera_slots(image_keys).items()
     )
     encoding = meaning.encoding
-    width = 7 if encoding == "EEF_POS" else 8
+    width = ENCODING_WIDTHS[encoding]
     if state_dim is None:
         state = "(None,) * 8,  # no state in the data: 8 zero columns (proprio is off unless you turn it on)"
         state_encoding = "NONE"
     else:
         state = f'("state",),  # observation/state, {state_dim} numbers per step'
         state_encoding = "JOINT" if meaning.lerobot else "POS_EULER"
+        if encoding == "EEF_XYZ_GRIPPER" and state_dim == 4:
+            state_encoding = "POS_GRIPPER"
     fn = standardize_fn_id(name, action_dim, encoding)
     action_note = f"action = {meaning.note}"
     if action_dim < width:
@@ -551,7 +692,7 @@ def registry_entry(
         name="{name}",
         image_obs_keys={{{slots}}},
         state_obs_keys={state}
-        state_encoding=StateEncoding.{state_encoding},  # metadata: POS_EULER / POS_QUAT / JOINT / NONE
+        state_encoding=StateEncoding.{state_encoding},  # metadata: POS_EULER / POS_QUAT / JOINT / POS_GRIPPER / NONE
         action_encoding=ActionEncoding.{encoding},  # {action_note}
         standardize_fn="{fn}",  # or your own @register_standardize_fn{masks}
     )
@@ -679,6 +820,50 @@ def write_dataset_plugin(data_root_dir: Path, name: str, text: str) -> Path | No
     return write_text_atomic(path, text, "dataset plugin file")
 
 
+def register_converted(
+    converted: Converted,
+    data_root_dir: Path,
+    name: str,
+    *,
+    action_space: str,
+    origin: str,
+    mapping: Sequence[str],
+    lerobot_action_names: Sequence[str] | None = None,
+) -> Path | None:
+    """Decide what the actions mean (`action_meaning`; printed), write the dataset's plugin file and print the
+    flags that train on it and its registry entry. Returns the plugin file (None when the name is registered).
+
+    `lerobot_action_names` is given for a LeRobot source (its action names; may be empty), None for episode files.
+    """
+    dims = (converted.image_keys, converted.state_dim, converted.action_dim)
+    meaning = action_meaning(
+        action_space,
+        converted.action_dim,
+        lerobot=lerobot_action_names is not None,
+        names=lerobot_action_names or (),
+    )
+    print(f"action meaning: {meaning.space} = {meaning.note} ({meaning.how})")
+    text = dataset_plugin(
+        name, *dims, data_root_dir=data_root_dir, origin=origin, mapping=mapping, meaning=meaning
+    )
+    plugin = write_dataset_plugin(data_root_dir, name, text)
+    print(f"wrote {converted.target}")
+    if plugin is not None:
+        print(
+            f"wrote {plugin}, which registers the dataset: train on it with\n"
+            f"    --plugins {plugin} --vla.data_mix {name} --data_root_dir {data_root_dir}\n"
+            "Its entry (edit the file if your actions or state are laid out otherwise):"
+        )
+    if converted.action_dim > 8:
+        logger.warning(
+            "The actions have %d dimensions; the training pipeline's encodings have 4, 7 or 8. The plugin file "
+            "refuses to load until you add a standardisation function mapping them (see the file).",
+            converted.action_dim,
+        )
+    print(registry_entry(name, *dims, meaning=meaning))
+    return plugin
+
+
 @dataclass
 class ConvertConfig:
     """Flags of this script (examples above)."""
@@ -694,10 +879,13 @@ class ConvertConfig:
     )
     version: str = "1.0.0"  # dataset version, major.minor.patch
     val_fraction: float = 0.0  # fraction of episodes (the last ones) held out as the val split, in [0, 1)
+    # which episodes val holds: last (the last by file name / episode index) or per_instruction (the last of every
+    # instruction, so validation covers every task; episode files only)
+    val_split: str = "last"
     num_shards: int = 1  # tfrecord files per split (>= 1)
     overwrite: bool = False  # replace an existing <name>/<version>/
     # what the actions mean, for the plugin's encoding and masks: infer (by width and source; printed), eef_delta,
-    # eef_absolute, joint_deltas, joint_positions
+    # eef_absolute, joint_deltas, joint_positions, eef_delta_xyz_gripper
     action_space: str = "infer"
 
     def __post_init__(self) -> None:
@@ -721,6 +909,8 @@ class ConvertConfig:
                 "action's numbers mean: EEF deltas, an absolute EEF pose, joint deltas or joint position targets)."
                 f"{did_you_mean(self.action_space, ACTION_SPACE_CHOICES)}"
             )
+        if self.val_split not in VAL_SPLITS:
+            _check_split_args(0.0, 1, self.val_split)
         if self.lerobot_cameras is not None and self.lerobot_dir is None:
             raise ConfigError(
                 "--lerobot_cameras picks the cameras of a LeRobot dataset: it needs --lerobot_dir. Episode files "
@@ -737,6 +927,7 @@ def main(argv: list[str] | None = None) -> int:
         "val_fraction": cfg.val_fraction,
         "num_shards": cfg.num_shards,
         "overwrite": cfg.overwrite,
+        "val_split": cfg.val_split,
     }
     if cfg.lerobot_dir is not None:
         converted, lerobot = _convert_lerobot(
@@ -760,37 +951,15 @@ def main(argv: list[str] | None = None) -> int:
         if converted.state_dim is not None:
             mapping.append(f"state [{converted.state_dim}] -> observation/state")
         mapping += [f"action [{converted.action_dim}] -> action", "instruction -> language_instruction"]
-    dims = (converted.image_keys, converted.state_dim, converted.action_dim)
-    meaning = action_meaning(
-        cfg.action_space,
-        converted.action_dim,
-        lerobot=cfg.lerobot_dir is not None,
-        names=lerobot.action_names if cfg.lerobot_dir is not None else (),
-    )
-    print(f"action meaning: {meaning.space} = {meaning.note} ({meaning.how})")
-    text = dataset_plugin(
+    register_converted(
+        converted,
+        cfg.data_root_dir,
         cfg.name,
-        *dims,
-        data_root_dir=cfg.data_root_dir,
+        action_space=cfg.action_space,
         origin=origin,
         mapping=mapping,
-        meaning=meaning,
+        lerobot_action_names=lerobot.action_names if cfg.lerobot_dir is not None else None,
     )
-    plugin = write_dataset_plugin(cfg.data_root_dir, cfg.name, text)
-    print(f"wrote {converted.target}")
-    if plugin is not None:
-        print(
-            f"wrote {plugin}, which registers the dataset: train on it with\n"
-            f"    --plugins {plugin} --vla.data_mix {cfg.name} --data_root_dir {cfg.data_root_dir}\n"
-            "Its entry (edit the file if your actions or state are laid out otherwise):"
-        )
-    if converted.action_dim > 8:
-        logger.warning(
-            "The actions have %d dimensions; the training pipeline's encodings have 7 or 8. The plugin file "
-            "refuses to load until you add a standardisation function mapping them (see the file).",
-            converted.action_dim,
-        )
-    print(registry_entry(cfg.name, *dims, meaning=meaning))
     return 0
 
 

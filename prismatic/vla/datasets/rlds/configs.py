@@ -32,6 +32,7 @@ class StateEncoding(IntEnum):
     POS_EULER = 1  # EEF xyz (3) + roll-pitch-yaw (3) + <pad> (1) + gripper open/close (1)
     POS_QUAT = 2  # EEF xyz (3) + quaternion (4) + gripper open/close (1)
     JOINT = 3  # joint angles (7, padded if fewer) + gripper open/close (1)
+    POS_GRIPPER = 4  # EEF xyz (3) + gripper opening (1), e.g. Meta-World's 4-d state
 
 
 class ActionEncoding(IntEnum):
@@ -39,9 +40,10 @@ class ActionEncoding(IntEnum):
 
     EEF_POS = 1  # EEF delta xyz (3) + delta roll-pitch-yaw (3) + absolute gripper open/close (1)
     JOINT_POS = 2  # joint delta position (7) + gripper open/close (1)
+    EEF_XYZ_GRIPPER = 3  # EEF delta xyz (3) + absolute gripper (1), no rotation: Meta-World's action
 
 
-ACTION_DIM = {ActionEncoding.EEF_POS: 7, ActionEncoding.JOINT_POS: 8}
+ACTION_DIM = {ActionEncoding.EEF_POS: 7, ActionEncoding.JOINT_POS: 8, ActionEncoding.EEF_XYZ_GRIPPER: 4}
 
 
 class NormalizationType(str, Enum):
