@@ -591,6 +591,56 @@ CASES = [
         wandb_mode=None,
         no_wandb_login=True,
     ),
+    Case(
+        "eval-libero-trials",  # LIBERO has 50 initial states per task: refused before the first episode
+        "eval_libero",
+        ("--checkpoint", "{tmp}", "--num_trials_per_task", "51"),
+        ("--num_trials_per_task 51 is more than LIBERO has", "initial states 0-49", "at most 50"),
+    ),
+    # --- eval_sim.py (caught before the simulator or the policy loads) ------------------------------------------
+    Case(
+        "eval-sim-benchmark",
+        "eval_sim",
+        ("--benchmark", "metawrld", "--checkpoint", "{tmp}"),
+        ("Unknown benchmark 'metawrld'", "Did you mean 'metaworld'?", "libero, metaworld"),
+    ),
+    Case(
+        "eval-sim-metaworld-suite",
+        "eval_sim",
+        ("--benchmark", "metaworld", "--checkpoint", "{tmp}", "--task_suite", "MT5"),
+        ("Unknown Meta-World task suite 'MT5'", "Did you mean 'MT50'?", "MT10"),
+    ),
+    Case(
+        "eval-sim-metaworld-task",
+        "eval_sim",
+        ("--benchmark", "metaworld", "--checkpoint", "{tmp}", "--tasks", "reachh-v3"),
+        ("--tasks: 'reachh-v3' is not a task id of this suite", "Did you mean 'reach-v3'?"),
+    ),
+    Case(
+        "eval-sim-libero-suite",
+        "eval_sim",
+        ("--benchmark", "libero", "--checkpoint", "{tmp}", "--task_suite", "libero_spatail"),
+        ("Unknown LIBERO task suite 'libero_spatail'", "Did you mean 'libero_spatial'?"),
+    ),
+    Case(
+        "eval-sim-libero-task",
+        "eval_sim",
+        ("--benchmark", "libero", "--checkpoint", "{tmp}", "--tasks", "tsak3"),
+        ("--tasks: 'tsak3' is not a task id of this suite", "Did you mean 'task3'?", "valid ids are 0..9"),
+    ),
+    Case(
+        "eval-sim-libero-trials",
+        "eval_sim",
+        ("--benchmark", "libero", "--policy_url", "http://localhost:8000", "--num_trials_per_task", "51"),
+        ("--num_trials_per_task 51 is more than LIBERO has", "at most 50"),
+    ),
+    # --- collect_demos.py ---------------------------------------------------------------------------------------
+    Case(
+        "collect-demos-task",
+        "collect_demos",
+        ("--data_root_dir", "{tmp}/out", "--task_suite", "MT10", "--tasks", "reachh-v3"),
+        ("--tasks: 'reachh-v3' is not a task id of this suite", "Did you mean 'reach-v3'?"),
+    ),
 ]
 SCRIPT_NAMES = sorted(p.stem for p in SCRIPTS.glob("*.py"))
 # The cases that need torch by design before they can refuse: CUDA and the strategy are torch's to say.

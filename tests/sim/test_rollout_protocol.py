@@ -237,6 +237,15 @@ def test_libero_episode_ends_at_the_first_success() -> None:
     assert len(source.asked) == 1
 
 
+def test_libero_success_during_the_no_ops_is_not_the_policys() -> None:
+    """OpenVLA's loop steps the no-ops and `continue`s without looking at `done`: a scene that reads as solved while
+    objects settle is not a success of the policy, which is asked at step 10 as always (here the task reads as
+    solved after 5 steps, then never again)."""
+    (result,), pool, source = run(LIBERO, facts(LIBERO, chunk_size=8, proprio=True), success_at={0: 5})
+    assert not result.success and result.steps == 30 and len(pool.actions_of(0)) == 30
+    assert [a.steps_before[0] for a in source.asked] == [10, 18, 26]
+
+
 def test_libero_simulator_error_ends_the_episode_as_a_failure() -> None:
     (result,), pool, _ = run(LIBERO, facts(LIBERO, chunk_size=8, proprio=True), error_at={0: 12})
     assert not result.success and result.steps == 12 and "fake simulator broke" in result.error
