@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from prismatic.sim.libero.setup import check_render_backend, prepare_libero
+from prismatic.sim.libero.setup import prepare_libero
+from prismatic.sim.render import check_render_backend
 
 LIBERO_MISSING = [
     name for name in ("libero", "robosuite", "mujoco") if importlib.util.find_spec(name) is None

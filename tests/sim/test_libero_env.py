@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 import yaml
 
+from prismatic.sim import render
 from prismatic.sim.libero import setup
+from prismatic.sim.libero.benchmark import BENCHMARK as LIBERO
 from prismatic.sim.libero.env import (
     LiberoObservation,
     LiberoTaskEnv,
     observation_from_libero,
     quat_to_axis_angle,
 )
-from prismatic.sim.libero.pool import EnvPool, EpisodeSpec
 from prismatic.sim.libero.suites import (
     DUMMY_ACTION,
     LIBERO_SUITES,
@@ -37,6 +38,7 @@ from prismatic.sim.libero.suites import (
     suite_task_count,
     task_language,
 )
+from prismatic.sim.pool import EnvPool, EpisodeSpec
 from prismatic.util.errors import ConfigError
 
 needs_mujoco = pytest.mark.skipif(
@@ -152,9 +154,9 @@ def test_config_points_libero_at_the_given_assets(tmp_path: Path, monkeypatch: p
 def test_unknown_render_backend_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MUJOCO_GL", "wgl")
     with pytest.raises(ConfigError) as info:
-        setup.check_render_backend()
+        render.check_render_backend()
     assert str(info.value) == (
-        "MUJOCO_GL=wgl is not a headless rendering back-end LIBERO can use. Valid choices: egl, osmesa; or unset "
+        "MUJOCO_GL=wgl is not a headless rendering back-end MuJoCo can use. Valid choices: egl, osmesa; or unset "
         "MUJOCO_GL to take the first that works."
     )
 
@@ -165,7 +167,7 @@ def test_missing_egl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("MUJOCO_GL", "egl")
     monkeypatch.setenv("__EGL_VENDOR_LIBRARY_FILENAMES", "/nonexistent/egl_vendor.json")
     with pytest.raises(ConfigError) as info:
-        setup.check_render_backend()
+        render.check_render_backend()
     message = str(info.value)
     assert message.startswith("MUJOCO_GL=egl cannot render on this machine (")
     assert "apt-get install libegl1 libegl-mesa0" in message
@@ -176,19 +178,19 @@ def test_missing_egl_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> No
 def test_render_backend_falls_back_to_osmesa(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("MUJOCO_GL", "PYOPENGL_PLATFORM"):
         monkeypatch.setenv(name, "")  # unset for the check; restored afterwards
-    monkeypatch.setattr(setup, "probe_render_backend", {"egl": "no EGL display", "osmesa": None}.get)
-    assert setup.check_render_backend() == "osmesa"
+    monkeypatch.setattr(render, "probe_render_backend", {"egl": "no EGL display", "osmesa": None}.get)
+    assert render.check_render_backend() == "osmesa"
     assert (os.environ["MUJOCO_GL"], os.environ["PYOPENGL_PLATFORM"]) == ("osmesa", "osmesa")
 
     monkeypatch.setenv("MUJOCO_GL", "")
     monkeypatch.setattr(
-        setup, "probe_render_backend", {"egl": "no EGL display", "osmesa": "no libOSMesa"}.get
+        render, "probe_render_backend", {"egl": "no EGL display", "osmesa": "no libOSMesa"}.get
     )
     with pytest.raises(ConfigError) as info:
-        setup.check_render_backend()
+        render.check_render_backend()
     assert str(info.value).startswith(
         "No MuJoCo rendering back-end works on this machine (MUJOCO_GL=egl fails with: no EGL display; "
-        "MUJOCO_GL=osmesa fails with: no libOSMesa). LIBERO renders its cameras off-screen with MuJoCo: install "
+        "MUJOCO_GL=osmesa fails with: no libOSMesa). The simulators render their cameras off-screen with MuJoCo: install "
         "Mesa's EGL (`apt-get install libegl1 libegl-mesa0"
     )
 
@@ -239,7 +241,7 @@ def test_observation_is_rotated_and_proprio_is_ofts_state() -> None:
 @pytest.fixture(scope="module")
 def spatial(libero_config: Path) -> Iterator[EnvPool]:
     """One simulator worker for this module; libero_spatial task 0 at 128 px is built at its first reset (~5 s)."""
-    with EnvPool(1, resolution=128) as pool:
+    with EnvPool(LIBERO, 1, resolution=128) as pool:
         yield pool
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from prismatic.sim.libero.benchmark import BENCHMARK as LIBERO
 from prismatic.sim.libero.env import LiberoObservation
-from prismatic.sim.libero.pool import EnvPool, EnvWorkerError, EpisodeSpec
+from prismatic.sim.pool import EnvPool, EnvWorkerError, EpisodeSpec
 from prismatic.util.errors import ConfigError
 
 ACTIONS = [  # a short scripted episode: move, turn, close the gripper
@@ -45,14 +46,16 @@ def test_pool_of_one_and_of_two_give_the_same_observations(libero_config: Path) 
         assert all(o.error is None and not o.success for o in outcomes)
         return [first] + [o.observation for o in outcomes]
 
-    with EnvPool(2, resolution=128) as pool:  # both episodes side by side
+    with EnvPool(LIBERO, 2, resolution=128) as pool:  # both episodes side by side
         firsts = pool.reset(episodes)
         steps = [pool.step([action, action]) for action in ACTIONS]
         together = [trace(firsts[slot], [step[slot] for step in steps]) for slot in (0, 1)]
         assert pool.language("libero_spatial", 0).startswith("pick up the black bowl between the plate")
 
     alone = {}
-    with EnvPool(1, resolution=128) as pool:  # one after the other, in the other order, on one simulator
+    with EnvPool(
+        LIBERO, 1, resolution=128
+    ) as pool:  # one after the other, in the other order, on one simulator
         for index in (1, 0):
             first = pool.reset({0: episodes[index]})[0]
             alone[index] = trace(first, [pool.step({0: action})[0] for action in ACTIONS])
@@ -70,8 +73,8 @@ def test_pool_of_one_and_of_two_give_the_same_observations(libero_config: Path) 
 
 def test_bad_input_fails_before_the_workers_are_asked() -> None:
     with pytest.raises(ConfigError, match="The number of simulators must be a whole number >= 1, got 0"):
-        EnvPool(0)
-    with EnvPool(1) as pool:
+        EnvPool(LIBERO, 0)
+    with EnvPool(LIBERO, 1) as pool:
         with pytest.raises(ConfigError, match="Unknown LIBERO task suite 'libero_spatail'. Did you mean"):
             pool.reset({0: EpisodeSpec("libero_spatail", 0, 0)})
         with pytest.raises(ConfigError, match="Task id 10 is not in LIBERO suite 'libero_goal'"):
@@ -83,7 +86,7 @@ def test_bad_input_fails_before_the_workers_are_asked() -> None:
 
 
 def test_a_dead_worker_raises_instead_of_hanging() -> None:
-    with EnvPool(1) as pool:
+    with EnvPool(LIBERO, 1) as pool:
         pid = pool.worker_pids[0]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(
@@ -94,7 +97,7 @@ def test_a_dead_worker_raises_instead_of_hanging() -> None:
 
 def test_leaving_the_pool_on_ctrl_c_stops_the_workers() -> None:
     with pytest.raises(KeyboardInterrupt):
-        with EnvPool(2) as pool:
+        with EnvPool(LIBERO, 2) as pool:
             pids = pool.worker_pids
             assert all(_alive(pid) for pid in pids)
             raise KeyboardInterrupt

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch  # noqa: F401  (torch before TensorFlow in every process)
 
+from prismatic.sim.images import center_crop, policy_image
 from prismatic.sim.libero.env import observation_from_libero
-from prismatic.sim.libero.protocol import center_crop, gripper_to_env, policy_image, suite_unnorm_key
-from prismatic.sim.libero.report import format_table, wilson_interval
+from prismatic.sim.libero.protocol import gripper_to_env, suite_unnorm_key
+from prismatic.sim.report import format_table, wilson_interval
 from prismatic.util.errors import ConfigError
 from prismatic.util.tf import import_tensorflow
 

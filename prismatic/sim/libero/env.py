@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from prismatic.sim.libero.setup import check_render_backend, import_libero
+from prismatic.sim.libero.setup import import_libero
 from prismatic.sim.libero.suites import check_task_ids, libero_benchmark
+from prismatic.sim.render import check_render_backend
 from prismatic.util.errors import ConfigError
 
 ACTION_DIM = 7  # end-effector delta position (3) and rotation (3), gripper (-1 open, +1 close)
@@ -38,6 +39,11 @@ class LiberoObservation:
         np.ndarray
     )  # (8,) float32: OFT's state, eef position (3), axis-angle (3), gripper finger qpos (2)
     eef_pos: np.ndarray  # (3,) float64: end-effector position in world coordinates (metres)
+
+    @property
+    def views(self) -> tuple[np.ndarray, np.ndarray]:
+        """The camera views in the order a policy reads them (`SimObservation.views`): agent view, then wrist."""
+        return self.full_image, self.wrist_image
 
 
 def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:

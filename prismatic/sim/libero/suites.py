@@ -30,6 +30,9 @@ SUITE_TASK_COUNTS: dict[str, int] = {  # tasks per suite (LIBERO's benchmark tas
     "libero_10": 10,
     "libero_90": 90,
 }
+# Fixed initial states per task (every task of every suite has 50): episode i starts from state i, so at most 50
+# episodes per task are distinct (OpenVLA's `num_trials_per_task` default).
+NUM_INITIAL_STATES = 50
 NUM_STEPS_WAIT = (
     10  # no-op steps at the start of each episode while objects settle (OpenVLA's `num_steps_wait`)
 )

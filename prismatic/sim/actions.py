@@ -1,4 +1,4 @@
-"""Where a LIBERO rollout gets its actions: a policy in this process, or a running `serve.py`.
+"""Where a simulator rollout gets its actions: a policy in this process, or a running `serve.py`.
 
 Both take a batch of observations already prepared by the protocol (`PolicyQuery`) and answer one action chunk
 `(chunk, action_dim)` per query, un-normalised with the suite's statistics: a tokens head gives a chunk of one,
@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import json_numpy
@@ -44,6 +44,7 @@ class PolicyFacts:
     chunk_size: int  # actions per prediction
     unnorm_keys: tuple[str, ...]  # statistics the checkpoint carries
     trained_with_image_aug: bool | None  # None: unknown (not recorded where the checkpoint came from)
+    action_dims: dict[str, int] = field(default_factory=dict)  # numbers per action, by statistics key
 
 
 class ActionSource(Protocol):
@@ -78,6 +79,7 @@ class InProcessSource:
             chunk_size=spec.chunk_size,
             unnorm_keys=tuple(policy.unnorm_keys),
             trained_with_image_aug=trained_with_image_aug,
+            action_dims={key: policy.action_dim(key) for key in policy.unnorm_keys},
         )
 
     def act(self, queries: Sequence[PolicyQuery], unnorm_key: str) -> list[np.ndarray]:
@@ -110,13 +112,14 @@ class ServerSource:
                 chunk_size=int(meta["chunk_size"]),
                 unnorm_keys=tuple(meta["unnorm_keys"]),
                 trained_with_image_aug=meta.get("trained_with_image_aug") if image_aug is None else image_aug,
+                action_dims={key: int(dim) for key, dim in (meta.get("action_dim") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(
                 f"--policy_url {url} answered /metadata without the fields of a vla_scripts/serve.py policy "
                 f"server ({e!r}). Point it at a running serve.py (python vla_scripts/serve.py --checkpoint ...)."
             ) from e
-        self._pool = ThreadPoolExecutor(max(1, max_concurrent), thread_name_prefix="libero-act")
+        self._pool = ThreadPoolExecutor(max(1, max_concurrent), thread_name_prefix="sim-act")
 
     def _get(self, path: str) -> dict[str, Any]:
         try:

@@ -1,19 +1,20 @@
-"""N LIBERO simulators in worker processes, stepped in parallel: rendering costs ~0.3 s of CPU per step, so
-episodes run side by side while the policy answers all of them in one batch.
+"""N simulators of one benchmark in worker processes, stepped in parallel: rendering costs tenths of a second of CPU
+per step, so episodes run side by side while the policy answers all of them in one batch.
 
-    with EnvPool(num_envs=2) as pool:
+    with EnvPool(get_benchmark("libero"), num_envs=2) as pool:
         observations = pool.reset({0: EpisodeSpec("libero_spatial", 0, episode_idx=0), 1: ...})
         outcomes = pool.step({0: action_0, 1: action_1})   # {slot: StepOutcome}
 
 Slots are numbered 0 .. num_envs - 1; `reset` and `step` take any subset of them, so an episode that ends early
 frees its slot for the next one while the others go on. Each worker keeps its task's simulator between episodes
-and builds a new one when a different task comes. An episode depends only on its `EpisodeSpec` (`env.py` seeds
-each reset), so which worker runs it, in which order, and how many workers there are change no observation.
+and builds a new one when a different task comes. An episode depends only on its `EpisodeSpec` (the benchmark's
+environment seeds each reset), so which worker runs it, in which order, and how many workers there are change no
+observation.
 
 A worker that dies raises `EnvWorkerError` instead of hanging; leaving the `with` block (Ctrl-C included) stops
 the workers. Workers ignore Ctrl-C themselves, so the interrupt reaches only this process, which closes them.
 
-Workers are spawned, fresh interpreters: the simulator must not share a process with TensorFlow (`env.py`). A
+Workers are spawned, fresh interpreters: MuJoCo's software rendering must not share a process with TensorFlow. A
 spawned worker re-imports the main script, so the script must start the pool under `if __name__ == "__main__":`
 and keep TensorFlow out of its top-level imports.
 """
@@ -30,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from prismatic.sim.libero.env import ACTION_DIM, LiberoObservation, LiberoTaskEnv
-from prismatic.sim.libero.suites import check_task_ids, task_language
+from prismatic.sim.benchmark import Benchmark, TaskEnv, check_task_ids, get_benchmark
 from prismatic.util.errors import ConfigError
 
 REPLY_TIMEOUT_S = 900.0  # a worker that neither answers nor dies for this long is reported as hung
@@ -40,7 +40,8 @@ CLOSE_TIMEOUT_S = 10.0  # how long a closing worker gets before it is terminated
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """One episode: LIBERO `suite`, task, the task's fixed initial state number, and the seed of its reset."""
+    """One episode: the benchmark's `suite`, task id, the episode's number (LIBERO: the task's fixed initial state),
+    and the seed of its reset."""
 
     suite: str
     task_id: int
@@ -53,7 +54,7 @@ class StepOutcome:
     """One simulator step: the observation and task success, or the simulator's error (the episode then ends as a
     failure, as OpenVLA's evaluation loop treats an exception)."""
 
-    observation: LiberoObservation | None
+    observation: Any | None  # the benchmark's observation (`SimObservation`'s fields)
     success: bool
     error: str | None = None
 
@@ -62,10 +63,11 @@ class EnvWorkerError(RuntimeError):
     """A simulator worker died, hung or failed unexpectedly (not a user error)."""
 
 
-def _serve(conn: Connection, resolution: int) -> None:
+def _serve(conn: Connection, benchmark_name: str, resolution: int) -> None:
     """Worker loop: one simulator, rebuilt only when the task changes; answers ("ok" | "config" | "error", value)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
-    env: LiberoTaskEnv | None = None
+    benchmark = get_benchmark(benchmark_name)
+    env: TaskEnv | None = None
     try:
         while True:
             command, payload = conn.recv()
@@ -77,7 +79,7 @@ def _serve(conn: Connection, resolution: int) -> None:
                         if env is not None:
                             env.close()
                         env = None
-                        env = LiberoTaskEnv(payload.suite, payload.task_id, resolution)
+                        env = benchmark.make_env(payload.suite, payload.task_id, resolution)
                     reply: tuple[str, Any] = (
                         "ok",
                         (env.reset(payload.episode_idx, payload.seed), env.language),
@@ -101,14 +103,17 @@ def _serve(conn: Connection, resolution: int) -> None:
 
 
 class EnvPool:
-    """`num_envs` LIBERO simulators in worker processes (spawned: safe beside CUDA and threads). Use as a context
-    manager, or call `close()`. Call `setup.check_render_backend()` and `setup.prepare_libero()` before creating
-    it: the workers inherit the environment they set."""
+    """`num_envs` simulators of `benchmark` in worker processes (spawned: safe beside CUDA and threads), rendering
+    `resolution`-square images (default: the benchmark's). Use as a context manager, or call `close()`. Call
+    `render.check_render_backend()` and the benchmark's `check_install()` before creating it: the workers inherit
+    the environment they set."""
 
-    def __init__(self, num_envs: int, resolution: int = 256) -> None:
+    def __init__(self, benchmark: Benchmark, num_envs: int, resolution: int | None = None) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ConfigError(f"The number of simulators must be a whole number >= 1, got {num_envs!r}.")
+        self.benchmark = benchmark
         self.num_envs = num_envs
+        resolution = benchmark.default_resolution if resolution is None else resolution
         self._languages: dict[tuple[str, int], str] = {}
         self._episodes: dict[int, EpisodeSpec] = {}  # slot -> the episode it runs (reset and not failed)
         self._workers: list[tuple[multiprocessing.process.BaseProcess, Connection]] = []
@@ -117,7 +122,10 @@ class EnvPool:
             for slot in range(num_envs):
                 parent_end, child_end = context.Pipe()
                 process = context.Process(
-                    target=_serve, args=(child_end, resolution), name=f"libero-sim-{slot}", daemon=True
+                    target=_serve,
+                    args=(child_end, benchmark.name, resolution),
+                    name=f"{benchmark.name}-sim-{slot}",
+                    daemon=True,
                 )
                 process.start()
                 child_end.close()
@@ -131,7 +139,7 @@ class EnvPool:
         """Process ids of the workers, by slot."""
         return [process.pid for process, _ in self._workers]
 
-    def reset(self, specs: Mapping[int, EpisodeSpec] | Sequence[EpisodeSpec]) -> dict[int, LiberoObservation]:
+    def reset(self, specs: Mapping[int, EpisodeSpec] | Sequence[EpisodeSpec]) -> dict[int, Any]:
         """Start `specs[slot]` on each given slot (a sequence means slots 0, 1, ...), all in parallel; a worker
         builds its simulator first when the task changes (~5 s). Returns {slot: first observation}.
 
@@ -141,7 +149,7 @@ class EnvPool:
         """
         specs = self._by_slot(specs)
         for spec in specs.values():
-            check_task_ids(spec.suite, [spec.task_id])
+            check_task_ids(self.benchmark, spec.suite, [spec.task_id])
         replies = self._call({slot: ("reset", spec) for slot, spec in specs.items()}, "reset")
         observations = {}
         for slot, (observation, language) in replies.items():
@@ -151,7 +159,7 @@ class EnvPool:
         return observations
 
     def step(self, actions: Mapping[int, np.ndarray] | Sequence[np.ndarray]) -> dict[int, StepOutcome]:
-        """Apply `actions[slot]` (7-d, LIBERO's gripper convention) on each given slot, all in parallel. Returns
+        """Apply `actions[slot]` (the controller's convention) on each given slot, all in parallel. Returns
         {slot: StepOutcome}; a slot whose step failed must be reset before it steps again.
 
         Raises:
@@ -165,9 +173,10 @@ class EnvPool:
                     f"Simulator slot {slot} has no episode running: reset it before stepping it."
                 )
             action = np.asarray(action, dtype=np.float64)
-            if action.shape != (ACTION_DIM,):
+            if action.shape != (self.benchmark.action_dim,):
                 raise ValueError(
-                    f"A LIBERO action has shape ({ACTION_DIM},), got {action.shape} for slot {slot}."
+                    f"A {self.benchmark.title} action has shape ({self.benchmark.action_dim},), got {action.shape} "
+                    f"for slot {slot}."
                 )
             requests[slot] = ("step", action)
         outcomes = self._call(requests, "step")
@@ -177,10 +186,10 @@ class EnvPool:
         return outcomes
 
     def language(self, suite: str, task_id: int) -> str:
-        """The instruction of a task (as a worker's simulator read it, else from LIBERO's task table)."""
+        """The instruction of a task (as a worker's simulator read it, else from the benchmark's task table)."""
         key = (suite, task_id)
         if key not in self._languages:
-            self._languages[key] = task_language(suite, task_id)
+            self._languages[key] = self.benchmark.task_language(suite, task_id)
         return self._languages[key]
 
     def close(self) -> None:
@@ -228,7 +237,7 @@ class EnvPool:
             process, conn = self._workers[slot]
             if not wait([conn, process.sentinel], REPLY_TIMEOUT_S):
                 raise EnvWorkerError(
-                    f"LIBERO simulator {slot} (pid {process.pid}) did not answer {what} within {REPLY_TIMEOUT_S:.0f} s."
+                    f"{self.benchmark.title} simulator {slot} (pid {process.pid}) did not answer {what} within {REPLY_TIMEOUT_S:.0f} s."
                 )
             try:
                 status, value = conn.recv()
@@ -237,7 +246,7 @@ class EnvPool:
             if status == "config":
                 config_errors.append(value)
             elif status == "error":
-                failures.append(f"LIBERO simulator {slot} failed during {what}:\n{value}")
+                failures.append(f"{self.benchmark.title} simulator {slot} failed during {what}:\n{value}")
             else:
                 replies[slot] = value
         if failures:
@@ -250,6 +259,6 @@ class EnvPool:
         process = self._workers[slot][0]
         process.join(1.0)
         return EnvWorkerError(
-            f"LIBERO simulator {slot} (pid {process.pid}) died during {what} (exit code {process.exitcode}); a "
+            f"{self.benchmark.title} simulator {slot} (pid {process.pid}) died during {what} (exit code {process.exitcode}); a "
             f"negative code is the signal that ended it (-9: killed, e.g. out of memory). Its episode is lost."
         )

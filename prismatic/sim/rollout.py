@@ -1,18 +1,21 @@
-"""Closed-loop LIBERO episodes, many at once: N simulators step together and their observations are batched into
-one policy call.
+"""Closed-loop episodes of any benchmark, many at once: N simulators step together and their observations are
+batched into one policy call.
 
-One episode follows OpenVLA's `run_libero_eval.py` (OFT's for chunk heads):
+One episode follows OpenVLA's `run_libero_eval.py` (OFT's for chunk heads), with the benchmark's numbers:
 
-    reset, set the task's fixed initial state number `episode_idx`
-    t = 0; while t < max_steps + NUM_STEPS_WAIT:
-        t < NUM_STEPS_WAIT: step the dummy action (objects settle), t += 1
-        else: when the action queue is empty, ask the policy (image, [wrist], [proprio]) and queue its chunk
-              (open-loop: the whole chunk runs before the next query); step the next action with the gripper
-              converted; success ends the episode, else t += 1
+    reset (the benchmark seeds it from the episode's spec)
+    t = 0; while t < max_steps + num_steps_wait:
+        t < num_steps_wait: step the benchmark's dummy action (objects settle), t += 1
+        else: when the action queue is empty, ask the policy (views, [proprio]) about the observation the last
+              step returned and queue its chunk (open loop: `open_loop_steps` actions run before the next query);
+              step the next action, converted to the controller's convention; success ends the episode, else t += 1
     a simulator error ends the episode as a failure (OpenVLA catches it the same way)
 
-Episodes are independent (each is seeded on its own, `env.py`) and handed to free simulators in order, so
-which simulator runs which episode, and how many run at once, changes no result.
+So the first policy action is step `num_steps_wait` of the episode, taken on the observation the last wait step
+returned (LIBERO: the 10th no-op's; Meta-World, with no wait steps: the reset's).
+
+Episodes are independent (each is seeded on its own) and handed to free simulators in order, so which simulator
+runs which episode, and how many run at once, changes no result.
 """
 
 from __future__ import annotations
@@ -27,11 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from prismatic.sim.libero.actions import ActionSource, PolicyQuery
-from prismatic.sim.libero.env import LiberoObservation
-from prismatic.sim.libero.pool import EnvPool, EpisodeSpec
-from prismatic.sim.libero.protocol import gripper_to_env, policy_image
-from prismatic.sim.libero.suites import DUMMY_ACTION, NUM_STEPS_WAIT
+from prismatic.sim.actions import ActionSource, PolicyQuery
+from prismatic.sim.images import policy_image
+from prismatic.sim.pool import EnvPool, EpisodeSpec
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +44,12 @@ class RolloutSettings:
     unnorm_key: str  # statistics the actions are un-normalised with
     image_size: tuple[int, int]  # (H, W) of the model's images
     center_crop: bool  # the run trained with image augmentation
-    num_images: int = 1  # 1: the agent view; 2: also the wrist camera
-    use_proprio: bool = False  # send OFT's 8-d state (eef position, axis-angle, gripper qpos)
+    num_images: int = 1  # camera views sent, the benchmark's first ones (LIBERO: agent view, then wrist)
+    use_proprio: bool = False  # send the benchmark's state (LIBERO: OFT's 8-d; Meta-World: hand xyz, gripper)
     open_loop_steps: int = 1  # actions of each chunk executed before the next query (the chunk size)
-    max_steps: int = 220  # policy steps per episode (OpenVLA's table: the suite's, `suites.LIBERO_SUITES`)
-    keep_frames: bool = False  # keep each step's agent-view frame (for videos)
+    max_steps: int = 220  # policy steps per episode (the benchmark's limit for the suite)
+    num_steps_wait: int = 0  # dummy-action steps before the first query (the benchmark's: LIBERO 10)
+    keep_frames: bool = False  # keep each step's primary-camera frame (for videos)
 
 
 @dataclass
@@ -69,7 +71,7 @@ class EpisodeResult:
 class _Running:
     spec: EpisodeSpec
     instruction: str
-    observation: LiberoObservation
+    observation: Any  # the benchmark's observation (`SimObservation`'s fields)
     started: float
     t: int = 0
     queue: deque[np.ndarray] = field(default_factory=deque)
@@ -77,8 +79,8 @@ class _Running:
     digest: Any = field(default_factory=hashlib.sha1)
 
 
-def _query(observation: LiberoObservation, instruction: str, settings: RolloutSettings) -> PolicyQuery:
-    views = [observation.full_image, observation.wrist_image][: settings.num_images]
+def _query(observation: Any, instruction: str, settings: RolloutSettings) -> PolicyQuery:
+    views = list(observation.views)[: settings.num_images]
     prepared = tuple(policy_image(v, settings.image_size, settings.center_crop) for v in views)
     proprio = np.asarray(observation.proprio, np.float32) if settings.use_proprio else None
     return PolicyQuery(prepared, instruction, proprio)
@@ -124,8 +126,9 @@ def run_episodes(
             for slot, (index, spec) in starts.items():
                 instruction = pool.language(spec.suite, spec.task_id)
                 running[slot] = (index, _Running(spec, instruction, observations[slot], time.perf_counter()))
-        _refill_queues(running, source, settings)
-        actions = {slot: _next_action(state, settings) for slot, (_, state) in running.items()}
+        _refill_queues(running, source, settings, pool.benchmark.action_to_env)
+        dummy = np.asarray(pool.benchmark.dummy_action, dtype=np.float64)
+        actions = {slot: _next_action(state, settings, dummy) for slot, (_, state) in running.items()}
         for slot, action in actions.items():
             running[slot][1].digest.update(np.ascontiguousarray(action, dtype=np.float64).tobytes())
         for slot, outcome in pool.step(actions).items():
@@ -136,28 +139,32 @@ def run_episodes(
                 finish(slot, False, outcome.error)
                 continue
             state.observation = outcome.observation
-            if outcome.success:
+            # A settling step's success is not looked at (OpenVLA's loop `continue`s past it): only the policy's counts.
+            if outcome.success and state.t > settings.num_steps_wait:
                 finish(slot, True)
-            elif state.t >= settings.max_steps + NUM_STEPS_WAIT:
+            elif state.t >= settings.max_steps + settings.num_steps_wait:
                 finish(slot, False)
     return [results[i] for i in range(len(episodes))]
 
 
 def _refill_queues(
-    running: dict[int, tuple[int, _Running]], source: ActionSource, settings: RolloutSettings
+    running: dict[int, tuple[int, _Running]],
+    source: ActionSource,
+    settings: RolloutSettings,
+    to_env: Callable[[np.ndarray], np.ndarray],
 ) -> None:
     """One policy call for every episode past its settling steps whose chunk is used up."""
-    asking = [s for _, s in running.values() if s.t >= NUM_STEPS_WAIT and not s.queue]
+    asking = [s for _, s in running.values() if s.t >= settings.num_steps_wait and not s.queue]
     if not asking:
         return
     queries = [_query(s.observation, s.instruction, settings) for s in asking]
     for state, chunk in zip(asking, source.act(queries, settings.unnorm_key), strict=True):
-        state.queue.extend(gripper_to_env(chunk[: settings.open_loop_steps]))
+        state.queue.extend(to_env(chunk[: settings.open_loop_steps]))
 
 
-def _next_action(state: _Running, settings: RolloutSettings) -> np.ndarray:
-    if settings.keep_frames and state.t >= NUM_STEPS_WAIT:
-        state.frames.append(state.observation.full_image)
-    if state.t < NUM_STEPS_WAIT:
-        return np.asarray(DUMMY_ACTION, dtype=np.float64)
+def _next_action(state: _Running, settings: RolloutSettings, dummy: np.ndarray) -> np.ndarray:
+    if settings.keep_frames and state.t >= settings.num_steps_wait:
+        state.frames.append(state.observation.views[0])
+    if state.t < settings.num_steps_wait:
+        return dummy.copy()
     return state.queue.popleft()

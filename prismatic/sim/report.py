@@ -1,5 +1,5 @@
-"""A LIBERO evaluation's result: success per task and overall, with 95 % Wilson score intervals, as a printed
-table and as JSON.
+"""An evaluation's result, whatever the benchmark: success per task and overall, with 95 % Wilson score intervals,
+as a printed table and as JSON.
 
 Wilson's interval, not the normal approximation: at 50 episodes per task, rates near 0 % or 100 % are common and
 the normal interval would cross them.
@@ -11,10 +11,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prismatic.sim.libero.suites import NUM_STEPS_WAIT
-
-if TYPE_CHECKING:  # annotations only: the rollout imports the simulator layer
-    from prismatic.sim.libero.rollout import EpisodeResult, RolloutSettings
+if TYPE_CHECKING:  # annotations only: the rollout imports TensorFlow's image maths
+    from prismatic.sim.rollout import EpisodeResult, RolloutSettings
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
@@ -84,7 +82,7 @@ def protocol_record(settings: RolloutSettings) -> dict[str, Any]:
         "proprio": settings.use_proprio,
         "open_loop_steps": settings.open_loop_steps,
         "max_steps": settings.max_steps,
-        "num_steps_wait": NUM_STEPS_WAIT,
+        "num_steps_wait": settings.num_steps_wait,
     }
 
 
