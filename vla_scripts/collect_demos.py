@@ -11,7 +11,7 @@ file `<data_root_dir>/<name>/<name>_dataset.py` that registers the dataset (4-d 
 Each step holds the upright corner2 view (`image`), the 4-d state (`state`: hand xyz, gripper opening), the
 expert's 4-d action and the task's instruction (LeRobot's task description). An episode ends at the step the task
 succeeds; failed episodes are left out (counted in the summary) and the next demonstrations are run in their place,
-up to `MAX_ATTEMPTS_FACTOR` times the number asked per task.
+up to twice the number asked per task.
 
 Seeds: demonstration j of a task is the simulator's episode 1_000_000 + j under `--seed` (evaluation episode i is
 episode i), so no demonstration repeats an evaluated configuration. The same flags give the same episodes in any
@@ -73,7 +73,7 @@ class CollectConfig:
     version: str = "1.0.0"  # dataset version, major.minor.patch
     val_fraction: float = 0.1  # share of every task's demonstrations held out as the val split, in [0, 1)
     num_shards: int = 1  # tfrecord files per split (>= 1)
-    overwrite: bool = False  # replace an existing dataset collected with other flags
+    overwrite: bool = False  # collect again and replace the dataset (else: reuse it when the flags match)
 
     def __post_init__(self) -> None:
         if self.benchmark not in COLLECTORS:
