@@ -91,8 +91,9 @@ class Benchmark(Protocol):
         """How many distinct episodes a task has (LIBERO: its fixed initial states), None when unbounded."""
         ...
 
-    def make_env(self, suite: str, task_id: int, resolution: int) -> TaskEnv:
-        """A simulator for one task (in a worker process)."""
+    def make_env(self, suite: str, task_id: int, resolution: int, shadows: bool = True) -> TaskEnv:
+        """A simulator for one task (in a worker process); `shadows=False` skips MuJoCo's shadow pass where the
+        benchmark allows it (raises ConfigError where it does not)."""
         ...
 
     def action_to_env(self, actions: np.ndarray) -> np.ndarray:

@@ -31,6 +31,8 @@ class EvalSimConfig:
     benchmark: str = "libero"  # libero or metaworld (prismatic/sim/benchmark.py's registry)
     checkpoint: str | None = None  # a run folder, <run>/checkpoints/step-*, an HF OpenVLA folder, or a Hub id
     policy_url: str | None = None  # a running serve.py (http://host:port) instead of --checkpoint
+    policy_auth_token_env: str | None = None  # the token --policy_url requires: held by this env variable
+    policy_auth_token_file: Path | None = None  # or this file does (never the token on the command line)
     task_suite: str | None = None  # the benchmark's suite; default: its first (libero_spatial, MT50)
     tasks: str | None = None  # task ids or names to run, e.g. 0,3 or reach-v3,push-v3 (default: every task)
     num_trials_per_task: int = 50  # episodes per task (LIBERO: initial states 0..N-1, it has 50)
@@ -42,6 +44,9 @@ class EvalSimConfig:
     unnorm_key: str | None = None  # default: the benchmark's rule for the suite
     max_steps: int | None = None  # policy steps per episode; default: the benchmark's for the suite
     resolution: int | None = None  # square render size; default: the benchmark's (LIBERO 256, Meta-World 480)
+    shadows: bool = (
+        True  # Meta-World: false skips MuJoCo's shadow pass (as `collect_demos.py --shadows false`)
+    )
     save_videos: bool = False  # write an mp4 of each episode's primary camera
     out_dir: Path | None = (
         None  # default: <run>/eval_<benchmark>/<suite> (./eval_<benchmark>/<suite> for a URL)
@@ -74,6 +79,13 @@ class EvalSimConfig:
                 raise ConfigError(f"--checkpoint '{self.checkpoint}' does not exist.")
         if self.policy_url is not None and not self.policy_url.startswith(("http://", "https://")):
             raise ConfigError(f"--policy_url must be an http(s):// URL, got '{self.policy_url}'.")
+        token_flags = (self.policy_auth_token_env, self.policy_auth_token_file)
+        if self.policy_url is None and token_flags != (None, None):
+            raise ConfigError(
+                "--policy_auth_token_env / --policy_auth_token_file are the token of a server (--policy_url); "
+                "a policy loaded here (--checkpoint) needs none."
+            )
+        self.policy_auth_token()  # an unset variable or a missing file fails now, before any simulator starts
         if self.policy_url is not None and self.compile_decoding:
             raise ConfigError(
                 "--compile_decoding applies to a policy loaded here (--checkpoint); with --policy_url the server "
@@ -85,6 +97,10 @@ class EvalSimConfig:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}.")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max_steps must be >= 1, got {self.max_steps}.")
+        if not self.shadows and self.benchmark == "libero":
+            from prismatic.sim.libero.benchmark import SHADOWS_REFUSED
+
+            raise ConfigError(SHADOWS_REFUSED)
         if self.resolution is not None and self.resolution < 8:
             raise ConfigError(f"--resolution must be >= 8 pixels, got {self.resolution}.")
         limit = benchmark.max_episodes_per_task(self.task_suite)
@@ -94,6 +110,13 @@ class EvalSimConfig:
                 f"'{self.task_suite}' has {limit} distinct episodes (fixed initial states 0-{limit - 1}); ask for "
                 f"at most {limit}."
             )
+
+    def policy_auth_token(self) -> str | None:
+        """The token sent to `--policy_url` (None: none), read now; never a field, so no record of the config
+        (trackers, results.json) holds it."""
+        from prismatic.inference.auth import read_token  # standard library only
+
+        return read_token(self.policy_auth_token_env, self.policy_auth_token_file, "--policy_auth_token")
 
 
 def eval_dir_name(benchmark: str) -> str:
@@ -117,7 +140,7 @@ def open_source(cfg: EvalSimConfig) -> Any:
     from prismatic.sim.actions import InProcessSource, ServerSource  # lazy: numpy / torch
 
     if cfg.policy_url is not None:
-        return ServerSource(cfg.policy_url, max_concurrent=cfg.num_envs)
+        return ServerSource(cfg.policy_url, max_concurrent=cfg.num_envs, auth_token=cfg.policy_auth_token())
     from prismatic.inference import load_policy
 
     policy = load_policy(cfg.checkpoint, device=cfg.device, dtype=cfg.dtype, hf_token=cfg.hf_token)
@@ -241,13 +264,14 @@ def evaluate(cfg: EvalSimConfig) -> dict[str, Any]:
         progress = _Progress(len(episodes), label, trackers, out_dir if cfg.save_videos else None)
         started = time.perf_counter()
         resolution = cfg.resolution or benchmark.default_resolution
-        with EnvPool(benchmark, cfg.num_envs, resolution) as pool:
+        with EnvPool(benchmark, cfg.num_envs, resolution, cfg.shadows) as pool:
             results = run_episodes(pool, episodes, source, settings, progress)
         seconds = time.perf_counter() - started
         summary = summarize(results)
         progress.close(summary["overall"]["success_rate"])
         # LIBERO's report keeps exactly the keys it always had; other benchmarks say which one and its render size.
         extra = {} if cfg.benchmark == "libero" else {"benchmark": cfg.benchmark, "resolution": resolution}
+        extra |= {} if cfg.shadows else {"shadows": False}
         report = {
             **extra,
             "task_suite": cfg.task_suite,

@@ -63,7 +63,7 @@ class EnvWorkerError(RuntimeError):
     """A simulator worker died, hung or failed unexpectedly (not a user error)."""
 
 
-def _serve(conn: Connection, benchmark_name: str, resolution: int) -> None:
+def _serve(conn: Connection, benchmark_name: str, resolution: int, shadows: bool) -> None:
     """Worker loop: one simulator, rebuilt only when the task changes; answers ("ok" | "config" | "error", value)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
     benchmark = get_benchmark(benchmark_name)
@@ -79,7 +79,7 @@ def _serve(conn: Connection, benchmark_name: str, resolution: int) -> None:
                         if env is not None:
                             env.close()
                         env = None
-                        env = benchmark.make_env(payload.suite, payload.task_id, resolution)
+                        env = benchmark.make_env(payload.suite, payload.task_id, resolution, shadows=shadows)
                     reply: tuple[str, Any] = (
                         "ok",
                         (env.reset(payload.episode_idx, payload.seed), env.language),
@@ -104,11 +104,15 @@ def _serve(conn: Connection, benchmark_name: str, resolution: int) -> None:
 
 class EnvPool:
     """`num_envs` simulators of `benchmark` in worker processes (spawned: safe beside CUDA and threads), rendering
-    `resolution`-square images (default: the benchmark's). Use as a context manager, or call `close()`. Call
+    `resolution`-square images (default: the benchmark's), with MuJoCo's shadow pass unless `shadows` is False (the
+    bulk of a software-rendered frame; render as the policy's demonstrations were). Use as a context manager, or
+    call `close()`. Call
     `render.check_render_backend()` and the benchmark's `check_install()` before creating it: the workers inherit
     the environment they set."""
 
-    def __init__(self, benchmark: Benchmark, num_envs: int, resolution: int | None = None) -> None:
+    def __init__(
+        self, benchmark: Benchmark, num_envs: int, resolution: int | None = None, shadows: bool = True
+    ) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ConfigError(f"The number of simulators must be a whole number >= 1, got {num_envs!r}.")
         self.benchmark = benchmark
@@ -123,7 +127,7 @@ class EnvPool:
                 parent_end, child_end = context.Pipe()
                 process = context.Process(
                     target=_serve,
-                    args=(child_end, benchmark.name, resolution),
+                    args=(child_end, benchmark.name, resolution, shadows),
                     name=f"{benchmark.name}-sim-{slot}",
                     daemon=True,
                 )

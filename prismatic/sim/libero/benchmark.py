@@ -15,6 +15,12 @@ from prismatic.sim.libero import suites
 from prismatic.sim.libero.env import ACTION_DIM, LiberoTaskEnv
 from prismatic.sim.libero.protocol import gripper_to_env, suite_unnorm_key
 from prismatic.sim.libero.setup import prepare_libero
+from prismatic.util.errors import ConfigError
+
+# LIBERO renders as OpenVLA's evaluation does, which its training images were rendered like.
+SHADOWS_REFUSED = (
+    "--shadows false is Meta-World's: LIBERO renders as OpenVLA's evaluation does, with its shadows."
+)
 
 
 class LiberoBenchmark:
@@ -54,7 +60,9 @@ class LiberoBenchmark:
         suites.check_suite(suite)
         return suites.NUM_INITIAL_STATES
 
-    def make_env(self, suite: str, task_id: int, resolution: int) -> LiberoTaskEnv:
+    def make_env(self, suite: str, task_id: int, resolution: int, shadows: bool = True) -> LiberoTaskEnv:
+        if not shadows:
+            raise ConfigError(SHADOWS_REFUSED)
         return LiberoTaskEnv(suite, task_id, resolution)
 
     def action_to_env(self, actions: np.ndarray) -> np.ndarray:

@@ -89,8 +89,8 @@ class MetaWorldBenchmark:
         tasks.check_suite(suite)
         return None  # positions are drawn fresh for every episode
 
-    def make_env(self, suite: str, task_id: int, resolution: int) -> MetaWorldTaskEnv:
-        return MetaWorldTaskEnv(suite, task_id, resolution)
+    def make_env(self, suite: str, task_id: int, resolution: int, shadows: bool = True) -> MetaWorldTaskEnv:
+        return MetaWorldTaskEnv(suite, task_id, resolution, shadows=shadows)
 
     def action_to_env(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions as Meta-World's controller takes them: clipped to [-1, 1], a float64 copy."""
