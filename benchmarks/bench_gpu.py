@@ -33,14 +33,16 @@ LoRA case keeps its matmul outputs, `selective-ops`, where they fit); `+compile`
 `+grad-op`, `+per-param-copy` (DDP's gradient copies one by one), `+cudagraphs` and `+no-cudagraphs`
 (`--vla.compile_mode`: compiled blocks replayed from CUDA graphs, or launched one by one) change one means each
 (`MODIFIERS`), e.g. `new+compile+sac-ops`. On a GPU the variants are `new` alone unless `--variants` says otherwise
-(the whole run within 5 minutes on one H100); on CPU `before new`. Frames
+(the whole run within `gpu_targets.BENCH_BUDGET_S`); on CPU `before new`. Frames
 come from the project's own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`):
 no TensorFlow, no data on disk. Four batches are made once and cycled, except under `+live-data` (made on every
 step, on the loop's thread) and `+prefetch` (made by the prefetch thread), which time the data path too. The set-up
 is training's:
-`freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> `get_train_strategy(...).setup()` (on one GPU DDP,
-as `--vla.train_strategy auto` picks it for every case here, or FSDP2 over a group of one with `+fsdp`; bf16,
-activation checkpointing on), then `train_loop` itself. `--profile N` profiles N more steps
+`freeze_backbones` -> `apply_lora` -> `attach_action_modules` -> training's speed plan
+(`prismatic.training.speed_plan`: `plan_flags`, then `resolve_speed_plan` with the model) -> `build_strategy(...).setup()`
+(on one GPU DDP, as `--vla.train_strategy auto` picks it for every case here, or FSDP2 over a group of one with
+`+fsdp`; bf16, activation checkpointing on), then `train_loop` itself: each row times exactly what training would
+do with its flags, and reports the plan it trained with (`speed_plan`, as a run's speed_plan.json). `--profile N` profiles N more steps
 (and N more calls of each predict row) after the timed ones and prints where their time went
 (`prismatic/util/kernel_profile.py`: device busy and idle, time and launches by kind of kernel, the costliest kernels
 and host events); rows timed after a profiled one are marked `after_profile` (they ran slower). Last, the speed
@@ -93,7 +95,8 @@ from prismatic.models.registry import get_base_vlm_spec  # noqa: E402
 from prismatic.models.vlms.prismatic import PrismaticVLM  # noqa: E402
 from prismatic.training.metrics import StepMetrics  # noqa: E402
 from prismatic.training.preemption import PreemptionHandler  # noqa: E402
-from prismatic.training.strategies import get_train_strategy  # noqa: E402
+from prismatic.training.speed_plan import plan_flags, resolve_speed_plan  # noqa: E402
+from prismatic.training.strategies import build_strategy  # noqa: E402
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop  # noqa: E402
 from prismatic.util.dist import destroy_distributed, init_distributed  # noqa: E402
 from prismatic.util.kernel_profile import cuda_syncs, format_profile, profile_run  # noqa: E402
@@ -389,17 +392,21 @@ def run_training_case(
     spec = ActionSpec(head=case.head, chunk_size=case.chunk_size, action_dim=ACTION_DIM)
     vlm.attach_action_modules(spec)
     head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
-    head.logits_at_labels = vla.speed_option("logits_at_labels", device)
+    # Training's resolver, in training's order: the flags decide the head's choice, the model's size the rest.
+    flags = plan_flags(vla, world, device)
+    head.logits_at_labels = flags.logits_at_labels
     _, _, live = parse_variant(variant)
-    strategy = get_train_strategy(vlm, vla, dist_info, grad_sync="auto")
+    speed = resolve_speed_plan(vla, vlm, dist_info, flags=flags)
+    strategy = build_strategy(vlm, vla, dist_info, speed)
     # The loader training uses (pinning on CUDA) over batches made when due; or 4 batches made once, cycled. Their
-    # lengths are rounded up as training rounds them (`strategy.pad_to_multiple`).
-    batch_maker = SyntheticBatches(vlm, head, case.batch, strategy.pad_to_multiple)
+    # lengths are rounded up as training rounds them (the plan's `pad_to_multiple`).
+    batch_maker = SyntheticBatches(vlm, head, case.batch, speed.pad_to_multiple)
     loader = DataLoader(batch_maker, batch_size=None, pin_memory=device.type == "cuda")
     batches = list(itertools.islice(iter(loader), CYCLED_BATCHES))
     frames = synthetic_frames(vlm, head, case.batch, seed=0)  # the first cycled batch's
     flops_per_sample = model_flops_per_sample(strategy, head, frames, synthetic_collator(vlm))
     strategy.setup(vla.max_steps)
+    speed = strategy.plan  # as set up (eager where the compiler cannot run), as training writes it
     inductor_counts = torch._dynamo.utils.counters["inductor"]
     skips_before = inductor_counts["cudagraph_skips"]
 
@@ -408,7 +415,7 @@ def run_training_case(
     metrics = StepMetrics(["synthetic"], head, device)
     counters = {"step": 0, "epoch": 0, "frames": 0}
     # The prefetch thread (if any) stops when the case ends, failed or not.
-    with prefetched(loader, vla.prefetch_batches if live else 0, device) as live_batches:
+    with prefetched(loader, speed.prefetch_batches if live else 0, device) as live_batches:
         stream_iter = live_batches if live else itertools.cycle(batches)
 
         def steps(start: int, end: int) -> None:
@@ -419,7 +426,7 @@ def run_training_case(
                 case.batch * case.accumulation,
                 None,
                 show_progress=False,
-                overlap_steps=vla.speed_option("overlap_steps", device),
+                overlap_steps=speed.overlap_steps,
             )
             train_loop(strategy, head, stream_iter, metrics, plan, counters, hooks)
 
@@ -461,8 +468,8 @@ def run_training_case(
         "strategy": type(strategy).__name__,  # what `--vla.train_strategy` resolved to
         "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: every case here, under DDP on a GPU)
         # What `--vla.checkpointing_policy` resolved to (`auto`: selective-ops for LoRA on a GPU where it fits).
-        "checkpointing": strategy.checkpointing_policy if vla.enable_gradient_checkpointing else "off",
-        "pad_to_multiple": strategy.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
+        "checkpointing": speed.checkpointing_policy or "off",
+        "pad_to_multiple": speed.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
         "ms_per_step": round(step_s * 1e3, 1),
         "samples_per_s": round(samples_per_s, 2),
         "model_tflops": float(f"{tflops:.4g}"),
@@ -484,6 +491,7 @@ def run_training_case(
         else None,
         "warmup_s": round(warmup_s, 1),
         "last_loss": round(last_loss, 4),
+        "speed_plan": speed.to_dict(),  # every choice the row trained with, as a run's speed_plan.json records it
     }
     if profiled is not None:
         result["profile"] = profiled
@@ -507,9 +515,8 @@ def _report(result: dict[str, Any]) -> None:
 
 
 def _mark_after_profile(result: dict[str, Any], earlier: list[dict[str, Any]]) -> None:
-    """Flag a row timed after a profiled row of this process: on one H100 such rows ran 15-63 % slower than the
-    same set-up timed first (2026-11-27: the ~1B full fine-tune under DDP 653 ms first, 1,065 ms after two profiled
-    rows), so their times compare only with a run without `--profile`."""
+    """Flag a row timed after a profiled row of this process: such rows ran markedly slower than the same set-up
+    timed first (benchmarks/results/ has the figures), so their times compare only with a run without `--profile`."""
     if any("profile" in row for row in earlier):
         result["after_profile"] = True
 
@@ -814,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
     if args.json_out is not None and main_rank:
         args.json_out.write_text("".join(json.dumps(r) + "\n" for r in results))
-    # The whole run's time: the issue's budget for `make bench-gpu` on one H100 is 5 minutes.
+    # The whole run's time, which a default run's target compares with `gpu_targets.BENCH_BUDGET_S`.
     run_s = time.perf_counter() - bench_started
     if main_rank:
         print(f"bench_gpu: {len(results)} results in {run_s:.0f} s")

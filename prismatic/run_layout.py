@@ -6,6 +6,7 @@ nothing else, so the config layer and `--help` can use it before torch.
 
     runs/<run_id>/
       config.yaml, config.json            CONFIG_STEM (+ ".resume-<checkpoint>" for a resume's own copy)
+      speed_plan.json                     SPEED_PLAN_FILE (what every `auto` speed flag became; the last start's)
       dataset_statistics.json             DATASET_STATISTICS_FILE (also in HF exports and LoRA adapters)
       action_model.json                   ACTION_MODEL_FILE
       metrics.jsonl                       METRICS_FILE
@@ -33,6 +34,7 @@ RUN_CONFIG_FILE = f"{CONFIG_STEM}.json"  # a run (or model) folder's resolved co
 DATASET_STATISTICS_FILE = (
     "dataset_statistics.json"  # OpenVLA's per-dataset statistics (un-normalising actions)
 )
+SPEED_PLAN_FILE = "speed_plan.json"  # what every `auto` became (`prismatic.training.speed_plan`)
 ACTION_MODEL_FILE = "action_model.json"  # the model's `ActionSpec` (absent: OpenVLA's tokens head)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per optimiser step
 WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resume continues

@@ -73,6 +73,19 @@ def test_bench_gpu_runs_the_tiny_cases_on_cpu(tmp_path: Path) -> None:
         assert r["compiled"] is False  # `auto` compiles on CUDA only (the LoRA case's blocks there)
     # What each row recomputed by: `before` every layer whole, `+sac-ops` the named policy.
     assert [r["checkpointing"] for r in training] == ["full", "selective-ops"] * 2
+    # The plan each row trained with, made by training's resolver (what a run's speed_plan.json records): `before`
+    # turns every speed flag off; `new` leaves them at `auto`, off on CPU, and `+sac-ops+prefetch` names two.
+    for r in training:
+        plan, before = r["speed_plan"], r["variant"] == "before"
+        assert (plan["train_strategy"], plan["device"], plan["compile_mode"]) == (
+            "fsdp-full-shard",
+            "cpu",
+            None,
+        )
+        assert plan["optimizer_impl"] == ("for-loop" if before else "default")
+        assert plan["prefetch_batches"] == (0 if before else 2)
+        assert plan["checkpointing_policy"] == r["checkpointing"] and plan["pad_to_multiple"] == 1
+        assert not (plan["logits_at_labels"] or plan["causal_mask_only"] or plan["overlap_steps"])
     # Selective checkpointing keeps the matmuls' outputs: the backward re-runs fewer ops than full recomputation.
     assert training[1]["aten_ops_per_step"] < training[0]["aten_ops_per_step"]
     assert training[3]["aten_ops_per_step"] < training[2]["aten_ops_per_step"]

@@ -51,21 +51,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_device_flags(cfg: TrainConfig, world: int) -> None:
-    """The flags that need CUDA, a strategy that is known without the model or a torch feature: CPU offload (CUDA
-    GPUs), CUDA graphs (DDP) and batched gradient copies (DDP's, torch >= 2.12). Set-up checks them again once the
-    model is built."""
+    """The flags that need CUDA, a strategy that is known without the model or a torch feature (CPU offload, CUDA
+    graphs, batched gradient copies): refused by the speed plan's first phase, which set-up repeats with the model's
+    size (`prismatic.training.speed_plan`)."""
     import torch  # lazy: only these flags need torch before training starts
 
-    from prismatic.training.strategies import blocks_compile_mode, choose_train_strategy
-    from prismatic.training.strategies.ddp import batched_grad_copy
-    from prismatic.training.strategies.fsdp import check_cpu_offload
+    from prismatic.training.speed_plan import plan_flags
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check_cpu_offload(cfg.vla.cpu_offload, device)
-    # Assuming DDP fits (that choice needs the model's size): a flag DDP alone takes is then checked at set-up.
-    strategy = choose_train_strategy(cfg.vla, world, device, ddp_fits=lambda: True, sharding=cfg.sharding)
-    blocks_compile_mode(cfg.vla, strategy, world, device, cfg.grad_sync)
-    batched_grad_copy(cfg.vla, device)
+    plan_flags(cfg.vla, world, device, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
 
 
 if __name__ == "__main__":

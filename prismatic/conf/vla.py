@@ -28,12 +28,12 @@ if typing.TYPE_CHECKING:
 
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay", "step-decay")
 OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # --vla.optimizer_impl
-SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only
+SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only (`speed_plan.speed_switch`)
 # Field metadata of the speed flags: the command line and config files also take true / false for on / off (a
 # run's config.yaml from before `compile` took `auto` says `compile: false`), and the flag alone means on.
 SWITCH = {"switch": True}
 # --vla.compile_mode: how compiled blocks launch their kernels, as torch.compile's keyword arguments per name (`auto`,
-# the default, picks one per run: `prismatic.training.strategies.blocks_compile_mode`). Both run inductor's kernels;
+# the default, picks one per run: `prismatic.training.speed_plan.blocks_compile_mode`). Both run inductor's kernels;
 # they differ in what the host does per launch, which bounds a launch-bound step.
 COMPILE_MODES: dict[str, dict[str, Any]] = {
     "default": {},  # launched one by one from inductor's Python wrapper
@@ -105,7 +105,9 @@ class VLAConfig(ChoiceRegistry):
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
 
     # Speed. `auto` turns a means on on CUDA (where it was measured to win, or removes a wait without changing the
-    # work) and leaves CPU runs as they were; `on` / `off` force it (docs/performance.md has the figures).
+    # work) and leaves CPU runs as they were; `on` / `off` force it (docs/performance.md has the figures). Every
+    # `auto` here and above is decided in one place, `prismatic/training/speed_plan.py`, and the run folder's
+    # speed_plan.json records what it became.
     optimizer_impl: str = "auto"  # AdamW: auto (fused on CUDA), fused, foreach or for-loop
     logits_at_labels: str = field(default="auto", metadata=SWITCH)  # LM head only at labels: auto, on or off
     causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
@@ -119,27 +121,6 @@ class VLAConfig(ChoiceRegistry):
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
         self.check_values()
-
-    def speed_option(self, name: str, device: Any) -> bool:
-        """Whether the `auto` / `on` / `off` speed flag `name` is on for a run on `device` (auto: CUDA only)."""
-        value = getattr(self, name)
-        return value == "on" or (value == "auto" and getattr(device, "type", device) == "cuda")
-
-    def compiles(self, device: Any, strategy: str) -> bool:
-        """Whether `--vla.compile` compiles the blocks of a run on `device` under `strategy` (a registered name).
-
-        `auto` compiles on CUDA where compiling was measured faster (docs/performance.md): LoRA runs (7B LoRA with
-        activation checkpointing: 1.3-1.45x per step on an H200), runs without activation checkpointing (1B full
-        fine-tune: 1.23x) and full fine-tunes under DDP (1B with checkpointing: 633 against 701 ms per step on an
-        H100; the strategies registered with `compiles_full_fine_tune=True`). A full fine-tune with checkpointing
-        under FSDP2 was slower compiled (1B: 728 against 662 ms), so it stays eager there.
-        """
-        measured_faster = (
-            self.use_lora
-            or not self.enable_gradient_checkpointing
-            or TRAIN_STRATEGIES.fact(strategy, "compiles_full_fine_tune", False)
-        )
-        return self.speed_option("compile", device) and (self.compile == "on" or measured_faster)
 
     def lora_settings(self) -> LoraSettings | None:
         """The LoRA settings when `use_lora`, else None."""
@@ -359,7 +340,7 @@ register_vla(
     max_grad_norm=1.0,
     lr_scheduler_type="constant",
     warmup_ratio=0.0,
-    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except where DDP fits (choose_train_strategy)
+    train_strategy="auto",  # OpenVLA's fsdp-full-shard, except where DDP fits (speed_plan.choose_train_strategy)
 )
 register_vla("siglip-224px-icy+mx-bridge", "siglip-224px+mx-bridge", freeze_vision_backbone=True)
 register_vla(

@@ -56,13 +56,13 @@ def action_spec(vla: VLAConfig, statistics: Mapping[str, Any]) -> ActionSpec:
 
 
 def attach_action_head(
-    vlm: PrismaticVLM, vla: VLAConfig, statistics: Mapping[str, Any], device: Any = None
+    vlm: PrismaticVLM, vla: VLAConfig, statistics: Mapping[str, Any], logits_at_labels: bool = False
 ) -> ActionHead:
     """Attach the action side `action_spec` decides to `vlm` (its read-out and proprio modules) and return the
-    head that lays out, scores and decodes its actions; `device` (where training runs) decides the `auto` of
-    `--vla.logits_at_labels`."""
+    head that lays out, scores and decodes its actions; `logits_at_labels` is the speed plan's (the tokens head then
+    runs the LM head at the labelled positions only)."""
     spec = action_spec(vla, statistics)
     vlm.attach_action_modules(spec)
     head = build_action_head(spec, ActionTokenizer(vlm.llm_backbone.tokenizer), vlm.num_prefix_tokens)
-    head.logits_at_labels = device is not None and vla.speed_option("logits_at_labels", device)
+    head.logits_at_labels = logits_at_labels
     return head

@@ -3,7 +3,7 @@
 AdamW's implementation (`--vla.optimizer_impl`): torch picks its foreach kernels only for plain tensors, so with
 FSDP2's DTensor parameters it falls back to a Python loop over every trainable tensor (two host syncs each per
 step on CUDA). `auto` asks for the fused kernel on CUDA and keeps torch's own choice on CPU, where earlier runs'
-numbers stay as they were.
+numbers stay as they were (`prismatic.training.speed_plan.adamw_implementation` decides).
 """
 
 from __future__ import annotations
@@ -16,21 +16,7 @@ from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-from prismatic.conf.vla import OPTIMIZER_IMPLEMENTATIONS
 from prismatic.util.errors import ConfigError
-
-
-def adamw_implementation(choice: str, device: torch.device) -> str:
-    """The AdamW implementation `--vla.optimizer_impl` means on `device`: `auto` is fused on CUDA and torch's
-    default ("default") elsewhere."""
-    if choice not in OPTIMIZER_IMPLEMENTATIONS:
-        raise ConfigError(
-            f"Unknown optimizer_impl '{choice}' (--vla.optimizer_impl). Valid choices: "
-            f"{', '.join(OPTIMIZER_IMPLEMENTATIONS)}."
-        )
-    if choice == "auto":
-        return "fused" if device.type == "cuda" else "default"
-    return choice
 
 
 def build_optimizer(
@@ -38,7 +24,7 @@ def build_optimizer(
 ) -> AdamW:
     """AdamW over the trainable parameters; biases and norm weights (ndim <= 1) get no weight decay.
 
-    `implementation`: "fused", "foreach", "for-loop" or "default" (torch's choice), see `adamw_implementation`.
+    `implementation`: "fused", "foreach", "for-loop" or "default" (torch's choice): the speed plan's `optimizer_impl`.
     """
     decay, no_decay = [], []
     for name, param in model.named_parameters():

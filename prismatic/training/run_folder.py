@@ -44,6 +44,7 @@ from prismatic.run_layout import (
     CONFIG_STEM,
     DATA_SNAPSHOT_DIR,
     METRICS_FILE,
+    SPEED_PLAN_FILE,
     WANDB_ID_FILE,
     checkpoint_dir_name,
 )
@@ -262,6 +263,7 @@ class RunFolder:
         self.metrics = self.path / METRICS_FILE
         self.wandb_id = self.path / WANDB_ID_FILE
         self.action_model = self.path / ACTION_MODEL_FILE
+        self.speed_plan = self.path / SPEED_PLAN_FILE
 
     @classmethod
     def of(cls, cfg: TrainConfig, num_nodes: int) -> RunFolder:
@@ -359,12 +361,21 @@ class RunFolder:
         write_text_atomic(self.path / f"{stem}.json", json.dumps(resolved, indent=2) + "\n", "run config")
         write_text_atomic(self.path / f"{stem}.yaml", yaml.safe_dump(resolved, sort_keys=False), "run config")
 
-    def write_run_files(self, cfg: TrainConfig, resume: Resume | None, action_spec: dict[str, Any]) -> None:
-        """Rank 0: the folder, the resolved config and the model's action spec (the statistics are the data
-        layer's `save_dataset_statistics`)."""
+    def write_run_files(
+        self,
+        cfg: TrainConfig,
+        resume: Resume | None,
+        action_spec: dict[str, Any],
+        speed_plan: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Rank 0: the folder, the resolved config, the model's action spec and the speed plan (what every `auto`
+        became on this start's devices; a resume writes its own) (the statistics are the data layer's
+        `save_dataset_statistics`)."""
         make_dirs(self.path, "run folder")
         self.write_config(cfg, resume)
         write_json_atomic(self.action_model, action_spec, "the model's action spec")
+        if speed_plan is not None:
+            write_json_atomic(self.speed_plan, dict(speed_plan), "the run's speed plan")
 
 
 def start_counters(resume: Resume | None) -> dict[str, int]:

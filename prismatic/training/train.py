@@ -1,7 +1,8 @@
 """`train(cfg)`: one training run as a list of set-up steps, each a builder in the room it belongs to, then the loop.
 
 Read top to bottom: processes and run folder (new run or resume, decided once by `RunFolder`), the model, the
-mixture's statistics, the action head they decide, the data stream, the strategy (FSDP2 / DDP), the checkpointer
+mixture's statistics, the action head they decide, the speed plan (every `auto` resolved once:
+`speed_plan.py`), the strategy it names (FSDP2 / DDP), the data stream, the checkpointer
 (which owns everything a checkpoint holds and restores it), the run's files, evaluation and trackers, the loop
 (`trainer.train_loop`), and the finish. `vla_scripts/train.py` parses and checks the flags, then calls this.
 """
@@ -29,7 +30,8 @@ from prismatic.training.out_of_memory import explain_out_of_memory
 from prismatic.training.preemption import Preempted, PreemptionHandler, exit_code
 from prismatic.training.profiling import build_profiler
 from prismatic.training.run_folder import RunFolder, check_resume_before_end, config_to_dict
-from prismatic.training.strategies import get_train_strategy
+from prismatic.training.speed_plan import plan_flags, resolve_speed_plan
+from prismatic.training.strategies import build_strategy
 from prismatic.training.trackers import TrackerRun, build_trackers, read_metrics
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
 from prismatic.training.validation import build_validation
@@ -61,16 +63,21 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     seed_everything(cfg.seed)  # the same on every rank: identical initial weights; data order differs by rank
 
     vlm = build_vlm(cfg.vla, cfg.resolve_hf_token())
-    head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info), dist_info.device)
-    strategy = get_train_strategy(vlm, cfg.vla, dist_info, grad_sync=cfg.grad_sync, sharding=cfg.sharding)
-    data = build_train_data(cfg, vlm, head, dist_info, pad_to_multiple=strategy.pad_to_multiple)
+    # Every speed and memory choice, in two phases: the flags alone decide the head's; the model's size the rest.
+    speed_options = {"grad_sync": cfg.grad_sync, "sharding": cfg.sharding}
+    flags = plan_flags(cfg.vla, dist_info.world_size, dist_info.device, **speed_options)
+    head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info), flags.logits_at_labels)
+    speed = resolve_speed_plan(cfg.vla, vlm, dist_info, **speed_options, flags=flags)
+    strategy = build_strategy(vlm, cfg.vla, dist_info, speed)
+    data = build_train_data(cfg, vlm, head, dist_info, pad_to_multiple=speed.pad_to_multiple)
     check_resume_before_end(resume, data.num_training_steps)
     with explain_out_of_memory(cfg.vla, strategy, lambda: "while setting up"):
         strategy.setup(data.num_training_steps)
         checkpointer = build_checkpointer(cfg, run, strategy, data.dataset, resume)
         checkpointer.restore(resume, cfg.pretrained_checkpoint)
+    speed = strategy.plan  # as set up: blocks stay eager where the compiler cannot run
     if dist_info.is_main:
-        run.write_run_files(cfg, resume, head.spec.to_dict())
+        run.write_run_files(cfg, resume, head.spec.to_dict(), speed.to_dict())
         save_dataset_statistics(data.dataset.dataset_statistics, run.path)
     dist.barrier()
 
@@ -93,12 +100,12 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         global_batch_size=cfg.vla.global_batch_size,
         eval_interval=cfg.eval.interval,
         show_progress=dist_info.is_main,
-        overlap_steps=cfg.vla.speed_option("overlap_steps", dist_info.device),
+        overlap_steps=speed.overlap_steps,
     )
     try:
         with (
             PreemptionHandler() as preemption,
-            prefetched(data.loader, cfg.vla.prefetch_batches, dist_info.device) as batches,
+            prefetched(data.loader, speed.prefetch_batches, dist_info.device) as batches,
             explain_out_of_memory(cfg.vla, strategy, partial(_after_step, checkpointer.counters)),
         ):
             logger.info(

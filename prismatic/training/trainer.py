@@ -80,8 +80,8 @@ def train_step(
     checks would; a batch without a mask skips transformers' mask preparation (`strategy.causal_attention`).
     """
     model, n_micro = strategy.model, strategy.grad_accumulation_steps
-    # `setup` put every module in train mode and evaluation restores it: walking a 7B LoRA model's ~3,900 modules
-    # every step took the host ~10 ms.
+    # `setup` put every module in train mode and evaluation restores it: walking a 7B LoRA model's thousands of
+    # modules every step costs the host time the GPU then waits for.
     if not model.training:
         model.train()
     strategy.begin_step()

@@ -25,6 +25,7 @@ from prismatic.training.metrics import StepMetrics
 from prismatic.training.model_setup import attach_action_head, build_vlm
 from prismatic.training.optim import build_optimizer
 from prismatic.training.preemption import PreemptionHandler
+from prismatic.training.speed_plan import plan_flags
 from prismatic.training.strategies import TrainingStrategy, get_train_strategy
 from prismatic.training.trainer import LoopHooks, LoopPlan, train_loop
 from prismatic.util.dist import DistInfo
@@ -83,7 +84,8 @@ def build(vla: VLAConfig, info: DistInfo, grad_sync: str = "auto", seed: int = 0
     """The model, head and set-up strategy as training builds them (weights from `seed`), and the reference copy."""
     torch.manual_seed(seed)
     vlm = build_vlm(vla, None)
-    head = attach_action_head(vlm, vla, {DATASET: action_statistics()}, info.device)
+    flags = plan_flags(vla, info.world_size, info.device)
+    head = attach_action_head(vlm, vla, {DATASET: action_statistics()}, flags.logits_at_labels)
     reference = copy.deepcopy(vlm)
     strategy = get_train_strategy(vlm, vla, info, grad_sync=grad_sync)
     strategy.setup(num_training_steps=10)

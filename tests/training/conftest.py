@@ -12,6 +12,7 @@ import torch.distributed as dist
 from prismatic.conf.vla import get_vla_config
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.model_setup import attach_action_head, build_vlm
+from prismatic.training.speed_plan import plan_flags
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
@@ -46,7 +47,10 @@ def lora_ddp_steps(one_rank: DistInfo) -> Callable[..., tuple[list[float], Any]]
         vla.batched_grad_copy = batched_grad_copy
         vla.per_device_batch_size, vla.global_batch_size = 2, 4
         vlm = build_vlm(vla, None)
-        head = attach_action_head(vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
+        flags = plan_flags(vla, one_rank.world_size, one_rank.device)
+        head = attach_action_head(
+            vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, flags.logits_at_labels
+        )
         strategy = get_train_strategy(vlm, vla, one_rank)
         strategy.setup(steps)
         batches = iter([synthetic_batch(vlm, head, 2, seed=seed) for seed in range(2 * steps)])

@@ -16,10 +16,10 @@ from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import SelectiveCheckpointWrapper
+from prismatic.training.speed_plan import choose_checkpointing_policy
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.strategies.activation_memory import (
     PROMPT_TOKENS,
-    choose_checkpointing_policy,
     selective_saved_bytes,
     tokens_per_sample,
 )
@@ -38,7 +38,7 @@ KEPT_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
 CUDA = torch.device("cuda", 0)
-LOGGER = "prismatic.training.strategies.activation_memory"
+LOGGER = "prismatic.training.speed_plan"
 
 
 class KeptBytes(TorchDispatchMode):

@@ -16,7 +16,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.training.model_setup import build_vlm as build_training_vlm
-from prismatic.training.strategies import base, blocks_compile_mode, get_train_strategy
+from prismatic.training.speed_plan import blocks_compile_mode
+from prismatic.training.strategies import base, get_train_strategy
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
 

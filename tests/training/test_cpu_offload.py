@@ -33,7 +33,9 @@ from prismatic.models.parallelize import (
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.checkpointing import CheckpointManager, training_state
 from prismatic.training.optim import build_lr_scheduler, build_optimizer
-from prismatic.training.strategies.fsdp import FSDPStrategy, check_cpu_offload, clip_host_grad_norm_
+from prismatic.training.speed_plan import check_cpu_offload
+from prismatic.training.strategies import get_train_strategy
+from prismatic.training.strategies.fsdp import FSDPStrategy, clip_host_grad_norm_
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
 
@@ -118,8 +120,9 @@ def test_strategy_refuses_offload_on_a_cpu_rank() -> None:
     vlm = _vlm()
     cpu_rank = DistInfo(rank=0, local_rank=0, world_size=1, num_nodes=1, device=CPU)
     with pytest.raises(ConfigError, match="needs CUDA GPUs"):
-        FSDPStrategy(vlm, _tiny_vla(cpu_offload=True), cpu_rank)
-    FSDPStrategy(vlm, _tiny_vla(cpu_offload=False), cpu_rank)  # without the flag the same rank is fine
+        get_train_strategy(vlm, _tiny_vla(cpu_offload=True), cpu_rank)
+    # without the flag the same rank is fine
+    assert isinstance(get_train_strategy(vlm, _tiny_vla(cpu_offload=False), cpu_rank), FSDPStrategy)
 
 
 def test_offload_reduce_scatters_every_micro_batch(caplog: pytest.LogCaptureFixture) -> None:
@@ -129,10 +132,10 @@ def test_offload_reduce_scatters_every_micro_batch(caplog: pytest.LogCaptureFixt
         rank=0, local_rank=0, world_size=1, num_nodes=1, device=CUDA
     )  # nothing touches it here
     vla = _tiny_vla(cpu_offload=True, enable_mixed_precision_training=False)
-    assert FSDPStrategy(vlm, vla, gpu_rank, grad_sync="auto").choose_grad_sync() is True
-    assert FSDPStrategy(vlm, vla, gpu_rank, grad_sync="micro-batch").choose_grad_sync() is True
+    assert get_train_strategy(vlm, vla, gpu_rank, grad_sync="auto").choose_grad_sync() is True
+    assert get_train_strategy(vlm, vla, gpu_rank, grad_sync="micro-batch").choose_grad_sync() is True
     with caplog.at_level(logging.WARNING):
-        assert FSDPStrategy(vlm, vla, gpu_rank, grad_sync="step").choose_grad_sync() is False
+        assert get_train_strategy(vlm, vla, gpu_rank, grad_sync="step").choose_grad_sync() is False
     assert "stay on the GPU" in caplog.text
 
 

@@ -18,6 +18,7 @@ from host_reads import HostReads
 from prismatic.conf.vla import get_vla_config
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.model_setup import attach_action_head, build_vlm
+from prismatic.training.speed_plan import plan_flags
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
@@ -81,7 +82,8 @@ def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: st
     vla.action_head, vla.chunk_size = head_kind, 4 if head_kind == "l1-chunk" else 1
     vla.per_device_batch_size, vla.global_batch_size = 2, 4  # two micro-batches per step
     vlm = build_vlm(vla, None)
-    head = attach_action_head(vlm, vla, {DATASET: {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
+    flags = plan_flags(vla, one_rank.world_size, one_rank.device)
+    head = attach_action_head(vlm, vla, {DATASET: {"action": {"q01": [-1.0] * 7}}}, flags.logits_at_labels)
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(num_training_steps=4)
     return vlm, head, strategy

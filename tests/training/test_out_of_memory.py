@@ -3,6 +3,7 @@ where, what the run trained with, torch's account, and the flags that lower the 
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -12,6 +13,7 @@ from train_runs import run_train, tiny_args
 
 from prismatic.conf.vla import get_vla_config
 from prismatic.training.out_of_memory import out_of_memory_message
+from prismatic.training.speed_plan import SpeedPlan
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "common_errors.md"
 TORCH_SAYS = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.19 GiB."
@@ -24,12 +26,39 @@ def _vla(**fields):
     return vla
 
 
+def _plan(vla, strategy: str, world: int, cuda_graphs: bool = False, checkpointing_policy: str | None = None):
+    """What a run with `vla` trained as: under `strategy` on `world` GPUs, its checkpointing policy (`auto`: full
+    unless given) and whether its blocks replayed CUDA graphs; `chosen_by_auto` the flags `vla` left at `auto`."""
+    policy = checkpointing_policy or (
+        vla.checkpointing_policy if vla.checkpointing_policy != "auto" else "full"
+    )
+    auto = tuple(name for name in ("train_strategy", "checkpointing_policy") if getattr(vla, name) == "auto")
+    return SpeedPlan(
+        device="cuda",
+        world_size=world,
+        grad_accumulation_steps=1,
+        optimizer_impl="fused",
+        logits_at_labels=True,
+        causal_mask_only=True,
+        overlap_steps=True,
+        prefetch_batches=0,
+        batched_grad_copy=True,
+        train_strategy=strategy,
+        sharding=None if strategy == "ddp" else "full",
+        mixed_precision=True,
+        compile_mode="reduce-overhead" if cuda_graphs else None,
+        checkpointing_policy=policy if vla.enable_gradient_checkpointing else None,
+        grad_sync="step",
+        pad_to_multiple=8 if cuda_graphs else 1,
+        chosen_by_auto=auto,
+    )
+
+
 def test_lora_under_ddp_on_eight_gpus_names_every_way_to_a_lower_peak() -> None:
     vla = _vla(use_lora=True, per_device_batch_size=16, global_batch_size=256)
     assert vla.train_strategy == "auto" and vla.enable_gradient_checkpointing
-    message = out_of_memory_message(
-        TORCH_SAYS, 3, "after step 12", vla, "ddp", 8, cuda_graphs=True, checkpointing_policy="selective-ops"
-    )
+    plan = _plan(vla, "ddp", 8, cuda_graphs=True, checkpointing_policy="selective-ops")
+    message = out_of_memory_message(TORCH_SAYS, 3, "after step 12", vla, plan)
     assert message == (
         "Rank 3 ran out of GPU memory after step 12, training under ddp (chosen by --vla.train_strategy auto) with "
         "--vla.per_device_batch_size 16, activation checkpointing selective-ops (chosen by "
@@ -54,7 +83,7 @@ def test_lora_under_ddp_on_eight_gpus_names_every_way_to_a_lower_peak() -> None:
             ["fsdp", "batch"],
         ),
         # A full fine-tune under DDP on one GPU: FSDP2 peaks lower.
-        ({}, "ddp", 1, ["--vla.train_strategy fsdp-full-shard", "36.7 GB"], ["cpu_offload"]),
+        ({}, "ddp", 1, ["--vla.train_strategy fsdp-full-shard", "peaks lower"], ["cpu_offload"]),
         # FSDP2: offload is the next step; no checkpointing: turn it on.
         (
             {"enable_gradient_checkpointing": False},
@@ -80,7 +109,8 @@ def test_lora_under_ddp_on_eight_gpus_names_every_way_to_a_lower_peak() -> None:
 def test_only_the_flags_that_would_lower_this_runs_peak_are_offered(
     fields: dict, strategy: str, world: int, offered: list[str], not_offered: list[str]
 ) -> None:
-    message = out_of_memory_message(TORCH_SAYS, 0, "while setting up", _vla(**fields), strategy, world, False)
+    vla = _vla(**fields)
+    message = out_of_memory_message(TORCH_SAYS, 0, "while setting up", vla, _plan(vla, strategy, world))
     assert message.startswith(f"Rank 0 ran out of GPU memory while setting up, training under {strategy}")
     for text in offered:
         assert text in message, text
@@ -125,6 +155,23 @@ def test_a_run_out_of_memory_exits_2_with_one_paragraph(toy_data_root: Path, tmp
         "a smaller --vla.per_device_batch_size (gradient accumulation keeps --vla.global_batch_size "
     ), line
     assert "or --vla.train_strategy fsdp-full-shard" in line  # a full fine-tune under DDP
+    # The run folder says what every choice became (its config.yaml records `auto`): the named strategy, what
+    # `auto` made of checkpointing, compiling and the speed switches on CPU, written before the first step.
+    plan = json.loads((tmp_path / "oom" / "speed_plan.json").read_text())
+    assert (plan["train_strategy"], plan["sharding"], plan["device"], plan["world_size"]) == (
+        "ddp",
+        None,
+        "cpu",
+        1,
+    )
+    assert (plan["checkpointing_policy"], plan["compile_mode"], plan["optimizer_impl"]) == (
+        "full",
+        None,
+        "default",
+    )
+    assert not (plan["logits_at_labels"] or plan["causal_mask_only"] or plan["overlap_steps"])
+    assert (plan["grad_sync"], plan["pad_to_multiple"], plan["grad_accumulation_steps"]) == ("step", 1, 2)
+    assert "checkpointing_policy" in plan["chosen_by_auto"] and "train_strategy" not in plan["chosen_by_auto"]
     # docs/common_errors.md quotes what this message says.
     (row,) = [row for row in DOC.read_text().splitlines() if "ran out of GPU memory" in row]
     quoted = re.findall(r'"([^"]+)"', row.split("|")[2])

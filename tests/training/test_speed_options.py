@@ -29,9 +29,17 @@ from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.lora import apply_lora
 from prismatic.models.parallelize import compiler_problem
+from prismatic.training import speed_plan
 from prismatic.training.model_setup import attach_action_head
-from prismatic.training.optim import adamw_implementation, build_optimizer
-from prismatic.training.strategies import TRAIN_STRATEGIES, base, ddp, get_train_strategy
+from prismatic.training.optim import build_optimizer
+from prismatic.training.speed_plan import (
+    adamw_implementation,
+    compiles,
+    pad_multiple,
+    plan_flags,
+    speed_switch,
+)
+from prismatic.training.strategies import base, ddp, get_train_strategy
 from prismatic.training.strategies.base import is_right_padded
 from prismatic.util.dist import DistInfo
 from prismatic.util.errors import ConfigError
@@ -54,15 +62,20 @@ def _tiny(spec: ActionSpec = ActionSpec(action_dim=7)):
 def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
     vla = get_vla_config(VLA)
     for name in ("logits_at_labels", "causal_mask_only", "overlap_steps"):
-        assert (vla.speed_option(name, CPU), vla.speed_option(name, CUDA)) == (False, True)
+        assert (speed_switch(getattr(vla, name), CPU), speed_switch(getattr(vla, name), CUDA)) == (
+            False,
+            True,
+        )
         setattr(vla, name, "on")
-        assert vla.speed_option(name, CPU) is True
+        assert speed_switch(getattr(vla, name), CPU) is True
         setattr(vla, name, "off")
-        assert vla.speed_option(name, CUDA) is False
+        assert speed_switch(getattr(vla, name), CUDA) is False
     assert (adamw_implementation("auto", CPU), adamw_implementation("auto", CUDA)) == ("default", "fused")
     vlm, _ = _tiny(ActionSpec())
-    assert attach_action_head(vlm, get_vla_config(VLA), STATS, CPU).logits_at_labels is False
-    assert attach_action_head(vlm, get_vla_config(VLA), STATS, CUDA).logits_at_labels is True
+    for device, expected in ((CPU, False), (CUDA, True)):
+        vla = get_vla_config(VLA)
+        flags = plan_flags(vla, vla.expected_world_size, device)
+        assert attach_action_head(vlm, vla, STATS, flags.logits_at_labels).logits_at_labels is expected
 
 
 @pytest.mark.parametrize(
@@ -173,11 +186,10 @@ def test_lengths_round_up_to_8_where_the_blocks_replay_cuda_graphs(one_rank: Dis
     vlm, _ = _tiny()
     vla = get_vla_config(VLA)
     assert vla.pad_to_multiple is None
-    ddp_strategy = TRAIN_STRATEGIES.get_class("ddp")
     for compile_mode, expected in (("reduce-overhead", 8), ("default", 1), (None, 1)):
-        assert ddp_strategy(vlm, vla, one_rank, compile_mode=compile_mode).pad_to_multiple == expected
+        assert pad_multiple(vla.pad_to_multiple, compile_mode) == expected
     vla.pad_to_multiple = 3
-    assert ddp_strategy(vlm, vla, one_rank, compile_mode="reduce-overhead").pad_to_multiple == 3
+    assert pad_multiple(vla.pad_to_multiple, "reduce-overhead") == 3
     assert get_train_strategy(vlm, vla, one_rank).pad_to_multiple == 3
     with pytest.raises(
         ConfigError, match=r"--vla.pad_to_multiple=0 is out of range: it must be an integer >= 1"
@@ -317,7 +329,7 @@ def test_batched_grad_copy_auto_is_on_on_cuda_where_torch_has_it(monkeypatch: py
     `auto` copies one by one and `on` is refused with the torch version and the settings that work."""
 
     def resolved(setting: str, device: torch.device) -> bool:
-        return ddp.batched_grad_copy(VLAConfig(batched_grad_copy=setting), device)
+        return speed_plan.batched_grad_copy(VLAConfig(batched_grad_copy=setting), device)
 
     assert [resolved(s, CPU) for s in ("auto", "on", "off")] == [False, True, False]
     assert [resolved(s, CUDA) for s in ("auto", "on", "off")] == [True, True, False]
@@ -346,11 +358,11 @@ def test_compile_auto_compiles_where_it_was_measured_faster() -> None:
     }
     for (lora, checkpointing, strategy), on_cuda in expected_on_cuda.items():
         vla.use_lora, vla.enable_gradient_checkpointing, vla.compile = lora, checkpointing, "auto"
-        assert (vla.compiles(CPU, strategy), vla.compiles(CUDA, strategy)) == (False, on_cuda)
+        assert (compiles(vla, CPU, strategy), compiles(vla, CUDA, strategy)) == (False, on_cuda)
         vla.compile = "on"
-        assert (vla.compiles(CPU, strategy), vla.compiles(CUDA, strategy)) == (True, True)
+        assert (compiles(vla, CPU, strategy), compiles(vla, CUDA, strategy)) == (True, True)
         vla.compile = "off"
-        assert (vla.compiles(CPU, strategy), vla.compiles(CUDA, strategy)) == (False, False)
+        assert (compiles(vla, CPU, strategy), compiles(vla, CUDA, strategy)) == (False, False)
 
 
 def test_set_up_logs_what_each_speed_flag_resolved_to(
@@ -394,7 +406,7 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     monkeypatch.setattr(
-        VLAConfig, "compiles", lambda self, device, strategy="": True
+        speed_plan, "compiles", lambda vla, device, strategy: True
     )  # as `auto` is for LoRA on CUDA
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
@@ -424,7 +436,7 @@ def _probe_on_two_ranks(rank: int, store: str, out: str, setting: str) -> None:
     os.environ["LOCAL_WORLD_SIZE"] = "2"  # one node of two ranks, as torchrun would say
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     base.compiler_problem = lambda device, *_: "RuntimeError: cc is not found." if rank == 1 else None
-    VLAConfig.compiles = lambda self, device, strategy="": True  # as `auto` is for LoRA on CUDA
+    speed_plan.compiles = lambda vla, device, strategy: True  # as `auto` is for LoRA on CUDA
     vla = get_vla_config(VLA)
     vla.compile, vla.enable_mixed_precision_training = setting, False
     strategy = get_train_strategy(_tiny()[0], vla, DistInfo(rank, rank, 2, 1, CPU))

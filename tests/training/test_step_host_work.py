@@ -17,6 +17,7 @@ from prismatic.conf.vla import get_vla_config
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.model_setup import attach_action_head
 from prismatic.training.model_setup import build_vlm as build_training_vlm
+from prismatic.training.speed_plan import plan_flags
 from prismatic.training.strategies import get_train_strategy
 from prismatic.training.trainer import train_step
 from prismatic.util.dist import DistInfo
@@ -31,7 +32,10 @@ def _strategy(one_rank: DistInfo, train_strategy: str, use_lora: bool):
     vla.train_strategy, vla.use_lora, vla.enable_mixed_precision_training = train_strategy, use_lora, False
     vla.max_grad_norm = 1e-3  # small enough that every step clips
     vlm = build_training_vlm(vla, None)
-    head = attach_action_head(vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, one_rank.device)
+    flags = plan_flags(vla, one_rank.world_size, one_rank.device)
+    head = attach_action_head(
+        vlm, vla, {"synthetic": {"action": {"q01": [-1.0] * 7}}}, flags.logits_at_labels
+    )
     vlm.llm_backbone.llm.eval()  # as transformers' `from_pretrained` returns a model
     vlm.vision_backbone.eval()
     strategy = get_train_strategy(vlm, vla, one_rank)

@@ -33,7 +33,8 @@ from prismatic.conf.vla import get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
 from prismatic.models.lora import LoraSettings, apply_lora
-from prismatic.training.strategies import choose_train_strategy, get_train_strategy
+from prismatic.training.speed_plan import choose_train_strategy
+from prismatic.training.strategies import get_train_strategy
 from prismatic.training.strategies.ddp import ddp_fits
 from prismatic.util.dist import DistInfo
 from prismatic.vla.action_tokenizer import ActionTokenizer
@@ -435,7 +436,7 @@ def test_cpu_offload_auto_reduces_every_micro_batch(
 ) -> None:
     """Under --vla.cpu_offload `auto` keeps gradients sharded on the host whatever the memory (CPU offload itself
     needs CUDA, so only the decision is asked for, on a strategy built with the CUDA check bypassed)."""
-    monkeypatch.setattr("prismatic.training.strategies.fsdp.check_cpu_offload", lambda *args: None)
+    monkeypatch.setattr("prismatic.training.speed_plan.check_cpu_offload", lambda *args: None)
     _host_memory(monkeypatch, 10**15)
     vla = get_vla_config(VLA)
     vla.train_strategy, vla.cpu_offload = "fsdp-full-shard", True

@@ -101,9 +101,7 @@ def test_the_training_stream_rounds_lengths_as_asked(toy_data_root: Path) -> Non
     cfg.vla.shuffle_buffer_size = 8
     info = DistInfo(0, 0, 1, 1, torch.device("cpu"))
     vlm = build_vlm(cfg.vla, None)
-    head = attach_action_head(
-        vlm, cfg.vla, mixture_statistics(toy_data_root, "toy", options=cfg.data), info.device
-    )
+    head = attach_action_head(vlm, cfg.vla, mixture_statistics(toy_data_root, "toy", options=cfg.data))
     shapes = {}
     for multiple in (1, 16):
         data = build_train_data(cfg, vlm, head, info, pad_to_multiple=multiple)

@@ -1,38 +1,25 @@
-"""What `--vla.checkpointing_policy auto` recomputes: `selective-ops` for a LoRA run on CUDA where the activations it
-keeps fit the GPU, `full` everywhere else.
+"""How much memory `--vla.checkpointing_policy selective-ops` needs, from the model's structure: what the speed plan
+(`prismatic.training.speed_plan.choose_checkpointing_policy`) weighs when `auto` chooses between it and `full`.
 
 `selective-ops` keeps the output of every matmul and attention kernel of each decoder layer from the forward to the
 backward (`parallelize._SELECTIVE_SAVED_OPS`), where `full` keeps each layer's input alone and runs the layer's
-forward again. On one H100 (docs/performance.md) the 7B LoRA step (r32, batch 16) was 1.26-1.34x faster with it
-in every comparison made: under FSDP2 543.7 against 687.1 ms (one process), under DDP 408.5 against 548.8 ms (two
-processes), replayed from CUDA graphs 325-339 against 428.7 ms (two leases); its peak rose by 24 GB, to 50.5
-against 26.6 GB allocated under DDP. A full fine-tune has not been timed with it, and keeps `full`.
+forward again: fewer FLOPs paid twice, for more memory (docs/performance.md has the measurements).
 
-Whether it fits is decided before anything is on the GPU, from the model's structure
-(`selective_saved_bytes`): per token, every `nn.Linear` output of each decoder layer (a LoRA layer runs three
-matmuls: base, A and B) and the attention output, in the compute dtype. For the 7B LoRA structure that is 5.72 MB
-per token in bf16: 26.5 GB for the H100 run's 16 x ~290 tokens, 11 % above the 23.9 GB its peak rose by. A run
-counts `tokens_per_sample` (its prompt allowance makes that 327 for the 7B preset's single view: 29.9 GB at batch
-16) on top of DDP's expected peak (two replicas, 33.6 GB for 7B LoRA r32, where 26.6 GB was measured): 63.5 GB,
-within an 80 GB card's free memory; at batch 24 the 78.5 GB expected still fits one, at batch 32 it does not.
+Whether it fits is decided before anything is on the GPU, from the model's structure (`selective_saved_bytes`): per
+token, every `nn.Linear` output of each decoder layer (a LoRA layer runs three matmuls: base, A and B) and the
+attention output, in the compute dtype; a run counts `per_device_batch_size` samples of `tokens_per_sample` on top
+of DDP's expected peak (`ddp.DDP_PEAK_REPLICAS` replicas).
 """
 
 from __future__ import annotations
-
-import logging
-from typing import Any
 
 import torch
 
 from prismatic.conf.vla import VLAConfig
 from prismatic.models.vlms.prismatic import PrismaticVLM
-from prismatic.training.strategies import AUTO
-from prismatic.util.dist import first_over_ranks
-
-logger = logging.getLogger(__name__)
 
 # Text positions a sample may take beyond its patches and action positions: BOS, OpenVLA's prompt around the
-# instruction, EOS. Open X-Embodiment instructions take 5-30 tokens (the H100 measurements: ~28 with the prompt).
+# instruction, EOS (Open X-Embodiment instructions are short: well within this allowance).
 PROMPT_TOKENS = 64
 
 
@@ -66,21 +53,17 @@ def _bytes_on(module: torch.nn.Module, device: torch.device) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t.device == device)
 
 
-def choose_checkpointing_policy(vla: VLAConfig, vlm: PrismaticVLM, device: Any, mixed_precision: bool) -> str:
-    """The policy a run recomputes by: `vla.checkpointing_policy`, or for `auto` `selective-ops` where the run is a
-    LoRA run on CUDA and, on every rank, DDP's expected peak (`DDP_PEAK_REPLICAS` replicas: an overestimate under
-    FSDP2, which shards) plus what `selective-ops` keeps for `per_device_batch_size` samples of `tokens_per_sample`
-    fits the memory there is for it on the GPU (free, cached by this process and unused, or held by the model
-    already); `full` otherwise, and on CPU.
-    Collective on CUDA for a LoRA run (the ranks agree): call it on every rank."""
-    # lazy: the DDP strategy's module imports the strategies' base, which calls this
+def selective_ops_shortfall(
+    vla: VLAConfig, vlm: PrismaticVLM, device: torch.device, mixed_precision: bool
+) -> tuple[int, int, int, str | None]:
+    """What a LoRA run on CUDA `device` needs with `selective-ops`: DDP's expected peak (`DDP_PEAK_REPLICAS`
+    replicas, frozen weights as DDP stores them: an overestimate under FSDP2, which shards) plus what it keeps for
+    `per_device_batch_size` samples of `tokens_per_sample`, against the memory there is for it on the GPU (free,
+    cached by this process and unused, or held by the model already). Returns (bytes needed, bytes kept, tokens,
+    why it does not fit or None); the decision is `speed_plan.choose_checkpointing_policy`'s."""
+    # lazy: the DDP strategy's module imports the strategies' base
     from prismatic.training.strategies import ddp
 
-    if vla.checkpointing_policy != AUTO:
-        return vla.checkpointing_policy
-    device = torch.device(device)
-    if device.type != "cuda" or not vla.use_lora or not vla.enable_gradient_checkpointing:
-        return "full"
     index = device.index if device.index is not None else torch.cuda.current_device()
     device = torch.device("cuda", index)
     frozen = torch.bfloat16 if mixed_precision else None  # as DDP stores frozen weights, and computes
@@ -93,14 +76,4 @@ def choose_checkpointing_policy(vla: VLAConfig, vlm: PrismaticVLM, device: Any, 
     short = None
     if need > available:
         short = f"{need / 1e9:.1f} GB expected, {available / 1e9:.1f} GB free on {device}"
-    found = first_over_ranks(short)
-    policy = "full" if found is not None else "selective-ops"
-    logger.info(
-        "--vla.checkpointing_policy auto: %s (selective-ops keeps %.1f GB of activations for %d tokens per rank; "
-        "%s).",
-        policy,
-        kept / 1e9,
-        tokens,
-        f"on rank {found[0]}, {found[1]}" if found is not None else f"{need / 1e9:.1f} GB expected, fits",
-    )
-    return policy
+    return need, kept, tokens, short

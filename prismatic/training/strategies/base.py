@@ -14,75 +14,72 @@ from typing import Any
 
 import torch
 
-from prismatic.conf.vla import COMPILE_MODES, VLAConfig
+from prismatic.conf.vla import VLAConfig
 from prismatic.models.parallelize import (
     apply_llm_activation_checkpointing,
-    bf16_supported,
     compile_blocks,
     compiler_problem,
     format_param_bytes,
     param_bytes_by_dtype,
 )
 from prismatic.models.vlms.prismatic import PrismaticVLM
-from prismatic.training.optim import adamw_implementation, build_lr_scheduler, build_optimizer
-from prismatic.training.strategies.activation_memory import choose_checkpointing_policy
+from prismatic.training.optim import build_lr_scheduler, build_optimizer
+from prismatic.training.speed_plan import SpeedPlan, compile_kwargs, describe, without_compile
 from prismatic.util.dist import DistInfo, first_over_ranks
 from prismatic.util.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-# Blocks replayed from CUDA graphs record a graph for every batch length they meet (torch warns past 8 and suggests
-# padding to a few shapes). Rounding lengths up to a multiple of 8 bounds them: a mixture whose batches span 40 token
-# lengths records at most 6, for 3.5 more tokens per sample on average (~1.2 % of a 7B step's ~290).
-CUDA_GRAPH_LENGTH_MULTIPLE = 8
-
 
 class TrainingStrategy(ABC):
-    def __init__(
-        self,
-        vlm: PrismaticVLM,
-        vla: VLAConfig,
-        dist_info: DistInfo,
-        *,
-        grad_sync: str = "auto",
-        sharding: str = "auto",
-        compile_mode: str | None = None,
-    ) -> None:
+    """Wraps the model for one kind of data parallelism and trains it as the run's `SpeedPlan` says (every speed and
+    memory choice is the plan's: `prismatic.training.speed_plan`)."""
+
+    def __init__(self, vlm: PrismaticVLM, vla: VLAConfig, dist_info: DistInfo, plan: SpeedPlan) -> None:
         self.vlm, self.vla, self.dist = vlm, vla, dist_info
-        self.grad_sync, self.sharding = grad_sync, sharding
-        # How `setup` compiles the blocks (a `COMPILE_MODES` name), None: not at all. `get_train_strategy` resolves
-        # it from --vla.compile and --vla.compile_mode for this strategy and device (`blocks_compile_mode`).
-        self.compile_mode = compile_mode
-        self.grad_accumulation_steps = vla.grad_accumulation_steps(dist_info.world_size)
-        self.mixed_precision = vla.enable_mixed_precision_training and bf16_supported(dist_info.device)
-        if vla.enable_mixed_precision_training and not self.mixed_precision:
-            logger.warning("bf16 is not supported on %s: training in FP32.", dist_info.device)
+        # What this run does; `setup` replaces it where the compiler turns out not to run (`without_compile`).
+        self.plan = plan
         self.model: torch.nn.Module = vlm
         # The wrapped model's trainable parameters in `parameters()` order, listed once by `setup`: clipping takes
-        # them every step, and walking a 7B LoRA model's ~1,400 parameters took the host ~5 ms a step.
+        # them every step, and walking a large model's parameters costs host time every step.
         self.trainable_params: list[torch.nn.Parameter] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.sync_every_micro_batch = False
-        self.causal_mask_only = vla.speed_option("causal_mask_only", dist_info.device)
-        # What activation checkpointing recomputes: `--vla.checkpointing_policy`, resolved by `setup` where `auto`.
-        self.checkpointing_policy = vla.checkpointing_policy
         self.compiled = False  # whether `setup` compiled the blocks (`--vla.compile`)
+
+    # --- the plan's values, as the loop and tests read them ---------------------------------------------------------
+    @property
+    def grad_accumulation_steps(self) -> int:
+        return self.plan.grad_accumulation_steps
+
+    @property
+    def mixed_precision(self) -> bool:
+        return self.plan.mixed_precision
+
+    @property
+    def causal_mask_only(self) -> bool:
+        return self.plan.causal_mask_only
+
+    @property
+    def compile_mode(self) -> str | None:
+        """How `setup` compiles the blocks (a `COMPILE_MODES` name); None: not at all."""
+        return self.plan.compile_mode
+
+    @property
+    def checkpointing_policy(self) -> str | None:
+        """What activation checkpointing recomputes; None: nothing is checkpointed."""
+        return self.plan.checkpointing_policy
+
+    @property
+    def pad_to_multiple(self) -> int:
+        """The multiple each batch's token length is rounded up to (the collator's `pad_to_multiple_of`)."""
+        return self.plan.pad_to_multiple
 
     @property
     def cuda_graphs(self) -> bool:
         """Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode`'s `reduce-overhead`)."""
-        return self.compiled and self.compile_mode == "reduce-overhead"
-
-    @property
-    def pad_to_multiple(self) -> int:
-        """The multiple each batch's token length is rounded up to (the collator's `pad_to_multiple_of`):
-        `--vla.pad_to_multiple`, or where that is null `CUDA_GRAPH_LENGTH_MULTIPLE` if the blocks are to replay CUDA
-        graphs, else 1. Padding changes nothing beyond float rounding: its labels are ignored and causal attention
-        keeps it from every real token."""
-        if self.vla.pad_to_multiple is not None:
-            return self.vla.pad_to_multiple
-        return CUDA_GRAPH_LENGTH_MULTIPLE if self.compile_mode == "reduce-overhead" else 1
+        return self.compiled and self.plan.cuda_graphs
 
     # --- what subclasses define ---------------------------------------------------------------------------
     @abstractmethod
@@ -99,28 +96,29 @@ class TrainingStrategy(ABC):
         return contextlib.nullcontext()
 
     def choose_grad_sync(self) -> bool:
-        """Whether to reduce gradients after every micro-batch (True) or once per step (False)."""
-        return self.grad_sync == "micro-batch"
+        """Whether to reduce gradients after every micro-batch (True) or once per step (False): the plan's
+        `grad_sync` (`speed_plan.choose_grad_sync`)."""
+        return self.plan.grad_sync == "micro-batch"
 
     # --- set-up ---------------------------------------------------------------------------------------------
     def setup(self, num_training_steps: int) -> None:
-        """Activation checkpointing, parallel wrapping (which also fills ranks that built the model on the meta
-        device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule."""
-        if self.vla.enable_gradient_checkpointing:
-            self.checkpointing_policy = choose_checkpointing_policy(
-                self.vla, self.vlm, self.dist.device, self.mixed_precision
-            )
-            apply_llm_activation_checkpointing(self.vlm, self.checkpointing_policy)
-        if self.compile_mode is not None:
-            compile_kwargs = COMPILE_MODES[self.compile_mode]
-            self.compiled = self._compiler_works(compile_kwargs)
+        """Activation checkpointing, compiling, parallel wrapping (which also fills ranks that built the model on the
+        meta device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule, as the plan says;
+        then the plan is logged, once."""
+        if self.plan.checkpointing_policy is not None:
+            apply_llm_activation_checkpointing(self.vlm, self.plan.checkpointing_policy)
+        if self.plan.compile_mode is not None:
+            kwargs = compile_kwargs(self.plan)
+            self.compiled = self._compiler_works(kwargs)
             if self.compiled:
                 logger.info(
                     "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
                     "--vla.compile off trains without)",
                     self.compile_mode,
-                    compile_blocks(self.vlm, compile_kwargs),
+                    compile_blocks(self.vlm, kwargs),
                 )
+            else:
+                self.plan = without_compile(self.plan)
         self.model = self.wrap_model()
         self.model.train()  # every module, once (transformers' `from_pretrained` leaves its model in eval mode)
         self.trainable_params = [p for p in self.model.parameters() if p.requires_grad]
@@ -134,11 +132,10 @@ class TrainingStrategy(ABC):
                 if self.sync_every_micro_batch
                 else "once per step (unsharded gradients kept between micro-batches)",
             )
-        optimizer_impl = adamw_implementation(self.vla.optimizer_impl, self.dist.device)
         self.optimizer = build_optimizer(
-            self.model, self.vla.learning_rate, self.vla.weight_decay, implementation=optimizer_impl
+            self.model, self.vla.learning_rate, self.vla.weight_decay, implementation=self.plan.optimizer_impl
         )
-        self._log_speed_flags(optimizer_impl)
+        logger.info(describe(self.plan))
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer,
             self.vla.lr_scheduler_type,
@@ -147,41 +144,13 @@ class TrainingStrategy(ABC):
             self.vla.num_steps_before_decay,
         )
 
-    def _log_speed_flags(self, optimizer_impl: str) -> None:
-        """One line with what each `auto` speed flag resolved to on this device (config.yaml records `auto`)."""
-        vla, device = self.vla, self.dist.device
-        checkpointing = self.checkpointing_policy if vla.enable_gradient_checkpointing else "off"
-        logger.info(
-            "Speed flags on %s: AdamW %s, LM head only at labels (tokens head) %s, padding mask dropped %s, "
-            "compiled blocks %s, activation checkpointing %s, prefetched batches %d, steps overlapped %s%s%s "
-            "(docs/performance.md).",
-            device.type,
-            optimizer_impl,
-            "on" if vla.speed_option("logits_at_labels", device) else "off",
-            "on" if self.causal_mask_only else "off",
-            (f"on ({self.compile_mode})" if self.compile_mode != "default" else "on")
-            if self.compiled
-            else "off",
-            checkpointing,
-            vla.prefetch_batches,
-            "on" if vla.speed_option("overlap_steps", device) else "off",
-            f", batch lengths rounded up to a multiple of {self.pad_to_multiple}"
-            if self.pad_to_multiple > 1
-            else "",
-            self.speed_flags(),
-        )
-
-    def speed_flags(self) -> str:
-        """What this strategy's own speed flags resolved to, for the set-up's speed-flags line (", name value")."""
-        return ""
-
-    def _compiler_works(self, compile_kwargs: dict[str, Any]) -> bool:
-        """Whether `torch.compile` with `compile_kwargs` runs on every rank; where it does not, `--vla.compile on` is
+    def _compiler_works(self, kwargs: dict[str, Any]) -> bool:
+        """Whether `torch.compile` with `kwargs` runs on every rank; where it does not, `--vla.compile on` is
         an error and `auto` trains without it after one warning (a cluster node without a C compiler still trains,
         only slower). The ranks agree (collective), so that all of them compile or none: the same graphs, the same
         numbers."""
         device = self.dist.device
-        found = first_over_ranks(compiler_problem(device, compile_kwargs))
+        found = first_over_ranks(compiler_problem(device, kwargs))
         if found is None:
             return True
         rank, problem = found
@@ -244,7 +213,7 @@ class TrainingStrategy(ABC):
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Every tensor of the batch on the device (host copies are non-blocking: the loader pins memory on GPU).
 
-        With `--vla.causal_mask_only` (auto: on CUDA) a right-padded batch drops its attention mask: causal
+        With `--vla.causal_mask_only` (the plan's `causal_mask_only`) a right-padded batch drops its attention mask: causal
         attention already hides right padding from every real token (the pads' own outputs carry no labels), and
         without a mask SDPA may pick its flash kernel and transformers skips its mask checks, which wait for the
         device. The check reads the host copy, so it costs no device sync.

@@ -21,7 +21,6 @@ import logging
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from prismatic.conf.vla import VLAConfig
 from prismatic.models.distributed_init import materialize_from_rank0
 from prismatic.models.lora import keep_lora_input_dtype
 from prismatic.models.parallelize import bf16_supported, cast_frozen_params_to_bf16
@@ -33,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 FP32_BYTES = 4
 # The buffers (rotary tables) are rank 0's after `materialize_from_rank0` and training never changes them, so DDP's
-# broadcast of every buffer before each forward (a walk over all modules and a collective: ~5 ms of host time per
-# forward of the 7B LoRA structure) buys nothing; FSDP2 does not sync buffers either. torch >= 2.13 names the flag
+# broadcast of every buffer before each forward (a walk over all modules and a collective, host time every forward)
+# buys nothing; FSDP2 does not sync buffers either. torch >= 2.13 names the flag
 # `forward_sync_buffers`; older releases `broadcast_buffers` (which also skips the init sync
 # `materialize_from_rank0` already did).
 NO_FORWARD_BUFFER_SYNC = (
@@ -44,7 +43,7 @@ NO_FORWARD_BUFFER_SYNC = (
 )
 # torch >= 2.12: DDP can copy a bucket's gradients into it with one `_foreach_copy_` and one `div_` when the
 # bucket is ready, instead of one kernel per parameter as each gradient arrives (`zero_grad(set_to_none=True)`
-# gives every step fresh gradients, so without it each one is copied): 846 launches fewer per 7B LoRA step.
+# gives every step fresh gradients, so without it each one is copied): one launch per bucket instead of per parameter.
 HAS_BATCHED_GRAD_COPY = "batched_grad_copy" in inspect.signature(DistributedDataParallel).parameters
 
 
@@ -60,9 +59,9 @@ def replica_bytes(model: torch.nn.Module, frozen_dtype: torch.dtype | None = Non
     return weights + 3 * FP32_BYTES * trainable
 
 
-# DDP's peak memory, in replicas (`replica_bytes`, frozen weights as DDP stores them), on one H100 at batch 16 with
-# activation checkpointing (2026-11-27): the ~1B full fine-tune peaked at 36.7 GB with a 19.4 GB replica (1.9),
-# the 7B LoRA run (r32) at 26.6 GB with a 16.8 GB replica (1.6).
+# DDP's expected peak memory, in replicas (`replica_bytes`, frozen weights as DDP stores them), with activation
+# checkpointing: measured peaks stayed below two replicas for both a full fine-tune and a LoRA run
+# (docs/performance.md).
 DDP_PEAK_REPLICAS = 2
 
 
@@ -104,26 +103,13 @@ def check_replica_fits(model: torch.nn.Module, device: torch.device) -> None:
         )
 
 
-def batched_grad_copy(vla: VLAConfig, device: torch.device) -> bool:
-    """Whether DDP copies gradients into its buckets a bucket at a time (`--vla.batched_grad_copy`, a speed switch:
-    `auto` on CUDA), where this torch has it. The buckets hold the same sums: the one difference, dividing by the world
-    size after the copy instead of multiplying by its inverse during it, is exact for powers of two.
-
-    Raises:
-        ConfigError: `on` with a torch whose DDP lacks it.
-    """
-    if vla.batched_grad_copy == "on" and not HAS_BATCHED_GRAD_COPY:
-        raise ConfigError(
-            f"--vla.batched_grad_copy on needs DDP's batched_grad_copy, which torch {torch.__version__} does not "
-            "have (torch >= 2.12 has it; `make install` pins 2.14.1). Use --vla.batched_grad_copy auto "
-            "(on where torch has it) or off."
-        )
-    return HAS_BATCHED_GRAD_COPY and vla.speed_option("batched_grad_copy", device)
-
-
 class DDPStrategy(TrainingStrategy):
+    @property
+    def batched_grad_copy(self) -> bool:
+        """Whether DDP copies gradients into its buckets a bucket at a time (the plan's `batched_grad_copy`)."""
+        return self.plan.batched_grad_copy
+
     def wrap_model(self) -> torch.nn.Module:
-        self.batched_grad_copy = batched_grad_copy(self.vla, self.dist.device)
         if self.mixed_precision:
             cast_frozen_params_to_bf16(self.vlm)
             keep_lora_input_dtype(self.vlm)  # every DDP forward (training, validation) runs under autocast
@@ -136,18 +122,8 @@ class DDPStrategy(TrainingStrategy):
             self.vlm, device_ids=device_ids, gradient_as_bucket_view=True, **NO_FORWARD_BUFFER_SYNC, **copies
         )
 
-    def speed_flags(self) -> str:
-        return f", DDP gradient copies {'per bucket' if self.batched_grad_copy else 'per parameter'}"
-
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self.model.no_sync()
-
-    def choose_grad_sync(self) -> bool:
-        """`--grad_sync micro-batch`, or `auto` under CUDA graphs (`--vla.compile_mode`): reducing
-        after every micro-batch has DDP copy each micro-batch's gradients out of the graphs' memory into its
-        buckets, where the next micro-batch's replay cannot overwrite them (the same sums, one all-reduce per
-        micro-batch); otherwise once per step (`no_sync`)."""
-        return self.grad_sync == "micro-batch" or (self.grad_sync == "auto" and self.cuda_graphs)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if not self.mixed_precision:

@@ -12,7 +12,7 @@ nodes once per step (HSDP, OpenVLA's HYBRID_SHARD). `--sharding full` shards ove
 `--vla.cpu_offload` (CUDA only) adds FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and AdamW state
 live in (pinned) host memory, each unit's shards are copied to the GPU only while it computes, and the optimizer
 steps on the CPU. Mixed precision applies as without it (bf16 all-gathers, FP32 shards); gradients are
-reduce-scattered after every micro-batch (`--grad_sync auto`) so they accumulate on the host; gradient clipping
+reduce-scattered after every micro-batch (`--grad_sync auto`: `speed_plan.choose_grad_sync`) so they accumulate on the host; gradient clipping
 reduces one number per rank over the device's backend (`clip_host_grad_norm_`); checkpoints hold the same DTensor
 shards, only their local values are on the host.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -39,25 +38,9 @@ from prismatic.models.parallelize import (
     place_for_cpu_offload,
 )
 from prismatic.training.strategies.base import TrainingStrategy
-from prismatic.util.errors import ConfigError
 from prismatic.util.topology import local_world_size
 
 logger = logging.getLogger(__name__)
-
-# Keep unsharded gradients between micro-batches only while they take at most this share of free memory.
-UNSHARDED_GRAD_MEMORY_SHARE = 0.25
-
-
-def check_cpu_offload(cpu_offload: bool, device: torch.device) -> None:
-    """Refuse `--vla.cpu_offload` unless training runs on CUDA devices (`device`: where this rank computes)."""
-    if cpu_offload and device.type != "cuda":
-        raise ConfigError(
-            f"--vla.cpu_offload true needs CUDA GPUs, but this run would train on '{device.type}' (no CUDA device "
-            "is visible). CPU offload keeps FSDP's sharded parameters, gradients and optimizer state in host memory "
-            "and copies each layer to the GPU only while it computes, so that a model too large for the GPUs' "
-            "memory (a 7B VLA on 24 GB cards) still trains; without a GPU everything already lives in host memory. "
-            "Run without it: drop --vla.cpu_offload (or pass --vla.cpu_offload false)."
-        )
 
 
 def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -123,23 +106,14 @@ class FSDPStrategy(TrainingStrategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        check_cpu_offload(self.vla.cpu_offload, self.dist.device)
         self.mesh: DeviceMesh | None = None  # the mesh the model is sharded over (`wrap_model`)
 
     def device_mesh(self) -> DeviceMesh:
+        """The mesh the plan's `sharding` names: "hybrid" (nodes x the LOCAL_WORLD_SIZE ranks of each) or "full"."""
         world, device_type = self.dist.world_size, self.dist.device.type
-        local = local_world_size(world)
-        nodes = world // local if local and world % local == 0 else 1
-        hybrid = self.sharding == "hybrid" or (self.sharding == "auto" and nodes > 1)
-        if self.sharding == "hybrid" and nodes == 1:
-            logger.info("--sharding hybrid on one node: that is full sharding over its %d ranks.", world)
-            hybrid = False
-        if hybrid:
-            if world % local:
-                raise ConfigError(
-                    f"--sharding hybrid needs the same number of ranks on every node: world size {world} is not a "
-                    f"multiple of LOCAL_WORLD_SIZE={local}. Use --sharding full."
-                )
+        if self.plan.sharding == "hybrid":
+            local = local_world_size(world)
+            nodes = world // local
             logger.info("FSDP mesh: hybrid, %d nodes (replicate) x %d ranks (shard)", nodes, local)
             return hybrid_mesh(device_type, nodes, local, self.dist.timeout)
         logger.info("FSDP mesh: full sharding over %d ranks", world)
@@ -172,39 +146,6 @@ class FSDPStrategy(TrainingStrategy):
         if not self.vla.cpu_offload:
             return super().clip_grad_norm()
         return clip_host_grad_norm_(self.trainable_params, self.vla.max_grad_norm, self.dist.device)
-
-    def choose_grad_sync(self) -> bool:
-        """`auto`: reduce-scatter after every micro-batch when the unsharded FP32 gradients kept between
-        micro-batches would take more than a quarter of the free memory (GPU: free device memory; CPU: available
-        host memory shared by the node's ranks), and always under CPU offload (gradients belong on the host)."""
-        if self.vla.cpu_offload and self.grad_sync == "step":
-            logger.warning(
-                "--grad_sync step with --vla.cpu_offload: the unsharded gradients stay on the GPU between "
-                "micro-batches; --grad_sync auto (or micro-batch) keeps them sharded in host memory instead."
-            )
-        if self.grad_sync != "auto":
-            return self.grad_sync == "micro-batch"
-        if self.vla.cpu_offload:
-            logger.info(
-                "--grad_sync auto with --vla.cpu_offload: reduce-scatter every micro-batch (gradients accumulate "
-                "sharded in host memory)"
-            )
-            return True
-        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        need = trainable * 4
-        if self.dist.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.dist.device)[0]
-        else:
-            local = local_world_size(self.dist.world_size)
-            free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") // max(1, local)
-        every = need > UNSHARDED_GRAD_MEMORY_SHARE * free
-        logger.info(
-            "--grad_sync auto: unsharded gradients would need %.2f GB of %.2f GB free -> %s",
-            need / 1e9,
-            free / 1e9,
-            "reduce-scatter every micro-batch" if every else "reduce once per step",
-        )
-        return every
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
