@@ -188,6 +188,20 @@ def plan_jobs(cfg: CollectConfig, missing: dict[str, list[int]], out_dir: Path) 
     return jobs
 
 
+def next_round(
+    tasks: list[str], episodes_per_task: int, successes: dict[str, int], tried: dict[str, int]
+) -> dict[str, list[int]]:
+    """The demonstrations to run next: for each task still short of `episodes_per_task` successes, as many new
+    demonstration numbers (after the `tried` ones) as it lacks, within MAX_ATTEMPTS_FACTOR times the number asked."""
+    limit = MAX_ATTEMPTS_FACTOR * episodes_per_task
+    missing = {}
+    for task in tasks:
+        count = min(episodes_per_task - successes.get(task, 0), limit - tried.get(task, 0))
+        if count > 0:
+            missing[task] = list(range(tried.get(task, 0), tried.get(task, 0) + count))
+    return missing
+
+
 def run_experts(cfg: CollectConfig, tasks: list[str], out_dir: Path) -> list[Any]:
     """Collect `episodes_per_task` successful demonstrations per task into `out_dir`, in worker processes.
 
@@ -200,18 +214,11 @@ def run_experts(cfg: CollectConfig, tasks: list[str], out_dir: Path) -> list[Any
     results: list[Any] = []
     successes: dict[str, int] = defaultdict(int)
     tried: dict[str, int] = defaultdict(int)
-    limit = MAX_ATTEMPTS_FACTOR * cfg.episodes_per_task
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no TensorFlow, no inherited GL state
     with context.Pool(cfg.num_workers) as pool:
-        while True:
-            missing = {}
-            for task in tasks:
-                count = min(cfg.episodes_per_task - successes[task], limit - tried[task])
-                if count > 0:
-                    missing[task] = list(range(tried[task], tried[task] + count))
-                    tried[task] += count
-            if not missing:
-                break
+        while missing := next_round(tasks, cfg.episodes_per_task, successes, tried):
+            for task, indices in missing.items():
+                tried[task] += len(indices)
             for batch in pool.imap(collect, plan_jobs(cfg, missing, out_dir)):
                 for result in batch:
                     results.append(result)

@@ -1,7 +1,7 @@
 r"""Convert your own episodes (one `.npz` / `.hdf5` file each) or a LeRobot dataset into an RLDS dataset.
 
     python vla_scripts/convert_to_rlds.py --episodes_dir my_episodes/ --data_root_dir data/rlds \
-        --name my_robot [--version 1.0.0] [--val_fraction 0.05] [--num_shards 4]
+        --name my_robot [--version 1.0.0] [--val_fraction 0.05] [--val_split per_instruction] [--num_shards 4]
     python vla_scripts/convert_to_rlds.py --lerobot_dir ~/.cache/huggingface/lerobot/lerobot/pusht \
         --data_root_dir data/rlds --name pusht [--lerobot_cameras observation.image] [--val_fraction 0.05] \
         [--action_space joint_positions]
@@ -24,9 +24,11 @@ The script ends by writing `<data_root_dir>/<name>/<name>_dataset.py`, a plugin 
 train with `--plugins <that file> --vla.data_mix <name>`. See docs/own_data.md and docs/lerobot.md.
 
 What the actions mean decides the plugin's encoding and masks: `--action_space` states it (eef_delta,
-eef_absolute, joint_deltas, joint_positions); by default it is inferred and printed (7 numbers: an EEF pose, else
-joints; LeRobot actions are absolute targets, joint positions when info.json names joints; episode files follow
-OpenVLA's deltas with an absolute gripper).
+eef_absolute, joint_deltas, joint_positions, eef_delta_xyz_gripper); by default it is inferred and printed (7
+numbers: an EEF pose; 4 numbers of episode files: EEF xyz deltas + gripper, as Meta-World's; else joints; LeRobot
+actions are absolute targets, joint positions when info.json names joints; episode files follow OpenVLA's deltas
+with an absolute gripper). The val split holds the last episodes (`--val_split last`) or the last of every
+instruction (`per_instruction`, episode files), so that validation covers every task.
 """
 
 # No `from __future__ import annotations`: with it, @dataclass needs this module in sys.modules, which a test

@@ -151,3 +151,12 @@ def test_flag_mistakes(collect: ModuleType, tmp_path: Path) -> None:
     ):
         collect.task_list(collect.CollectConfig(tmp_path, tasks="reach-v4"))
     assert collect.CollectConfig(tmp_path, task_suite="MT10").name == "metaworld_mt10"
+
+
+def test_failed_demonstrations_are_replaced_within_a_limit(collect: ModuleType) -> None:
+    tasks = ["a", "b"]
+    assert collect.next_round(tasks, 3, {}, {}) == {"a": [0, 1, 2], "b": [0, 1, 2]}
+    # a succeeded 3 times; b twice of 3 tries, then not at all in 2 more: 6 tries (twice 3) is its limit.
+    assert collect.next_round(tasks, 3, {"a": 3, "b": 2}, {"a": 3, "b": 3}) == {"b": [3]}
+    assert collect.next_round(tasks, 3, {"a": 3, "b": 2}, {"a": 3, "b": 4}) == {"b": [4]}
+    assert collect.next_round(tasks, 3, {"a": 3, "b": 2}, {"a": 3, "b": 6}) == {}
