@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import json_numpy
 import numpy as np
 
+from prismatic.inference.auth import bearer_header
 from prismatic.util.errors import ConfigError
 
 SERVER_TIMEOUT_S = 300.0  # one /act answer; a batch of 7B decodes on a busy GPU stays well under it
@@ -97,12 +98,18 @@ class InProcessSource:
 class ServerSource:
     """A running `vla_scripts/serve.py` at `url` (e.g. http://gpu-host:8000), asked with OpenVLA's payload.
 
+    With `auth_token`, every request carries `Authorization: Bearer <token>` (a server started with one).
+
     Raises (on construction):
-        ConfigError: the server does not answer `/metadata`, or answers something that is not a policy server.
+        ConfigError: the server does not answer `/metadata`, refuses the token (401), or answers something that is
+            not a policy server.
     """
 
-    def __init__(self, url: str, max_concurrent: int, image_aug: bool | None = None) -> None:
+    def __init__(
+        self, url: str, max_concurrent: int, image_aug: bool | None = None, auth_token: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
+        self._headers = bearer_header(auth_token) if auth_token is not None else {}
         meta = self._get("/metadata")
         try:
             self.facts = PolicyFacts(
@@ -123,9 +130,12 @@ class ServerSource:
 
     def _get(self, path: str) -> dict[str, Any]:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            request = urllib.request.Request(self.url + path, headers=self._headers)
+            with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read())
         except (urllib.error.URLError, OSError, ValueError) as e:
+            if isinstance(e, urllib.error.HTTPError) and e.code == 401:
+                raise ConfigError(self._token_refused()) from e
             raise ConfigError(
                 f"--policy_url {self.url} does not answer {path} ({e}). Start the server first "
                 "(python vla_scripts/serve.py --checkpoint <run> --host 0.0.0.0 --port 8000), check the host and "
@@ -143,12 +153,14 @@ class ServerSource:
         request = urllib.request.Request(
             self.url + "/act",
             data=json_numpy.dumps(payload).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self._headers},
         )
         try:
             with urllib.request.urlopen(request, timeout=SERVER_TIMEOUT_S) as response:
                 return _as_chunk(json_numpy.loads(response.read()))
         except urllib.error.HTTPError as e:
+            if e.code == 401:
+                raise ConfigError(self._token_refused()) from e
             raise ConfigError(
                 f"--policy_url {self.url} refused an /act request ({e.code}): {e.read().decode(errors='replace')}"
             ) from e
@@ -156,6 +168,15 @@ class ServerSource:
             raise ConfigError(
                 f"--policy_url {self.url} stopped answering during the evaluation ({e}); is the server still up?"
             ) from e
+
+    def _token_refused(self) -> str:
+        """What to do about a 401 (the token itself is never shown)."""
+        what = "rejected the token given" if self._headers else "requires a token"
+        return (
+            f"--policy_url {self.url} {what} (401): pass the one its serve.py was started with (--auth_token_env / "
+            "--auth_token_file) as --policy_auth_token_env NAME (an environment variable holding it) or "
+            "--policy_auth_token_file PATH."
+        )
 
     def act(self, queries: Sequence[PolicyQuery], unnorm_key: str) -> list[np.ndarray]:
         return list(self._pool.map(lambda q: self._post(q, unnorm_key), queries))

@@ -134,3 +134,21 @@ def test_serve_flags_read_the_token_at_parse_time(
 def test_which_hosts_are_loopback(host: str, loopback: bool) -> None:
     """`serve.py` warns loudly when it serves a non-loopback host without a token."""
     assert import_script("serve").is_loopback(host) is loopback
+
+
+def test_eval_flags_read_the_token_at_parse_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`eval_sim.py` / `eval_libero.py`: the token of a `--policy_url` is read when the flags are (an unset variable
+    fails before any simulator starts), never kept in the config, and refused beside `--checkpoint`."""
+    from prismatic.sim.evaluation import EvalSimConfig
+    from prismatic.util.cli import parse_config
+
+    url = ["--policy_url", "http://127.0.0.1:1"]
+    monkeypatch.delenv("VLA_UNSET_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="'VLA_UNSET_TOKEN' is not set.*--policy_auth_token_file"):
+        parse_config(EvalSimConfig, [*url, "--policy_auth_token_env", "VLA_UNSET_TOKEN"])
+    file = tmp_path / "token"
+    file.write_text(TOKEN + "\n")
+    cfg = parse_config(EvalSimConfig, [*url, "--policy_auth_token_file", str(file)])
+    assert cfg.policy_auth_token() == TOKEN and TOKEN not in repr(cfg)
+    with pytest.raises(ConfigError, match="--checkpoint"):
+        parse_config(EvalSimConfig, ["--checkpoint", str(tmp_path), "--policy_auth_token_file", str(file)])

@@ -23,6 +23,7 @@ from conftest import OFT_SPEC
 from served import served
 
 from prismatic.inference import VLAPolicy, load_policy
+from prismatic.util.errors import ConfigError
 
 TOKEN_ENV = "PRISMATIC_TEST_SERVER_TOKEN"
 INSTRUCTION = "put the bowl on the plate"
@@ -164,3 +165,55 @@ def test_the_token_is_never_logged(server: tuple[str, Path], token: str) -> None
     assert '"POST /act HTTP/1.1" 200' in log and '"POST /act HTTP/1.1" 401' in log
     assert "Bearer token required" in log and "Refused POST /act (401)" in log
     assert token[:8] not in log  # not even in part
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The simulators' server client: what `eval_sim.py` / `eval_libero.py --policy_url` ask the server with
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_sim_client_sends_views_proprio_and_token(
+    server: tuple[str, Path], token: str, policy: VLAPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--policy_url` with `--policy_auth_token_env`: the client reads the policy's inputs from /metadata and
+    sends both views, the proprio and the token; its chunks are the in-process ones."""
+    from prismatic.sim.actions import InProcessSource, PolicyQuery
+    from prismatic.sim.evaluation import EvalSimConfig, open_source
+    from prismatic.util.cli import parse_config
+
+    url, _ = server
+    monkeypatch.setenv("PRISMATIC_TEST_CLIENT_TOKEN", token)
+    flags = ["--benchmark", "libero", "--policy_url", url, "--num_envs", "3"]
+    cfg = parse_config(EvalSimConfig, [*flags, "--policy_auth_token_env", "PRISMATIC_TEST_CLIENT_TOKEN"])
+    assert token not in repr(cfg)  # the config (recorded by the trackers) holds the variable's name only
+    queries = [PolicyQuery(tuple(_views(10 + i)), INSTRUCTION, _proprio(10 + i)) for i in range(3)]
+    source = open_source(cfg)
+    try:
+        facts = source.facts
+        assert (facts.num_images, facts.proprio_dim, facts.chunk_size) == (2, 8, OFT_SPEC.chunk_size)
+        assert facts.image_size == (64, 64) and facts.unnorm_keys == ("only",)
+        remote = source.act(queries, "only")  # three concurrent requests: the server may batch them
+    finally:
+        source.close()
+    local = InProcessSource(policy, None).act(queries, "only")
+    for got, expected in zip(remote, local, strict=True):
+        assert got.shape == (OFT_SPEC.chunk_size, 7)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_token", [False, True], ids=["no-token", "wrong-token"])
+def test_sim_client_without_the_token_is_one_paragraph(
+    server: tuple[str, Path], with_token: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prismatic.sim.evaluation import EvalSimConfig, open_source
+    from prismatic.util.cli import parse_config
+
+    url, _ = server
+    flags = ["--benchmark", "libero", "--policy_url", url]
+    if with_token:
+        monkeypatch.setenv("PRISMATIC_TEST_CLIENT_TOKEN", "not-the-token")
+        flags += ["--policy_auth_token_env", "PRISMATIC_TEST_CLIENT_TOKEN"]
+    with pytest.raises(ConfigError) as refused:
+        open_source(parse_config(EvalSimConfig, flags))
+    message = str(refused.value)
+    assert "401" in message and "--policy_auth_token_env" in message and "not-the-token" not in message
