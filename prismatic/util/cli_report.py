@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import ParamSpec
 
 from prismatic.util.errors import ConfigError, RankError
+from prismatic.util.openmp import prefer_passive_openmp_waits
 
 P = ParamSpec("P")
 
@@ -60,10 +61,12 @@ def report_user_error(error: ConfigError) -> None:
 def entry_point(main: Callable[P, int | None]) -> Callable[P, int]:
     """Decorate a script's `main`: a `ConfigError` becomes one paragraph on stderr and `SystemExit(2)` without a
     traceback; any other exception (a bug) is recorded for torchrun, like torch's `@record`, and keeps its
-    traceback. Returns `main`'s exit code (0 for None)."""
+    traceback. Returns `main`'s exit code (0 for None). Before `main`, torch's CPU thread team is told to sleep
+    when idle (`prefer_passive_openmp_waits`: its spinning stalled CPU training), while torch is not loaded yet."""
 
     @functools.wraps(main)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> int:
+        prefer_passive_openmp_waits()
         try:
             code = main(*args, **kwargs)
         except ConfigError as error:
