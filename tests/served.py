@@ -1,7 +1,7 @@
 """`vla_scripts/serve.py` in a subprocess for tests: on a port the OS picks (`--port 0`), read back from its log, so
 no test depends on a fixed port being free or races another for one a helper found free.
 
-    with served([ "--checkpoint", str(run)], tmp_path / "serve.log") as url:
+    with served(["--checkpoint", str(run)], tmp_path / "serve.log") as url:
         requests.get(f"{url}/health")
 """
 
