@@ -37,6 +37,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from prismatic.sim.benchmark import get_benchmark, parse_tasks
+from prismatic.sim.render import check_render_backend
 from prismatic.util.cli import entry_point, parse_config
 from prismatic.util.errors import ConfigError, did_you_mean
 from prismatic.util.files import write_text_atomic
@@ -114,8 +116,6 @@ class CollectConfig:
 
 def task_list(cfg: CollectConfig) -> list[str]:
     """The names of the tasks to collect, in the suite's order (`--tasks` as names or ids)."""
-    from prismatic.sim.benchmark import get_benchmark, parse_tasks
-
     benchmark = get_benchmark(cfg.benchmark)
     names = benchmark.task_names(cfg.task_suite)
     return [names[i] for i in parse_tasks(benchmark, cfg.task_suite, cfg.tasks)]
@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(CollectConfig, argv, doc=__doc__)
     setup_logging(0)
     tasks = task_list(cfg)
+    get_benchmark(cfg.benchmark).check_install()  # before the versions of the simulator are read
     key = collection_key(cfg, tasks)
     record = cached(cfg, key)
     target = Path(cfg.data_root_dir) / cfg.name / cfg.version
@@ -241,10 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
-    from prismatic.sim.benchmark import get_benchmark
-    from prismatic.sim.render import check_render_backend
-
-    get_benchmark(cfg.benchmark).check_install()
     check_render_backend()  # chosen here, inherited by the workers
     staging = Path(cfg.data_root_dir) / cfg.name / f".episodes.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
