@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import torch  # noqa: F401  (torch before TensorFlow in this process)
 from scripts import import_script
+from served import served
 from train_runs import free_port, run_train
 
 from prismatic.vla.datasets.rlds.toy import build_libero_toy_datasets
@@ -154,6 +156,49 @@ def test_server_gives_the_in_process_actions(
     # The server told the client what the run trained with: the same protocol either way.
     assert remote["protocol"] == local["protocol"]
     assert local["protocol"]["center_crop"] is True and local["protocol"]["open_loop_steps"] == 1
+
+
+@pytest.fixture(scope="module")
+def served_oft_run(
+    libero_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """`serve.py` on the chunk-head run (wrist view, proprio) requiring a token: (URL, token)."""
+    token = secrets.token_urlsafe(32)
+    log_path = tmp_path_factory.mktemp("serve_oft") / "serve.log"
+    args = ["--checkpoint", str(libero_runs["oft"]), "--auth_token_env", "LIBERO_TEST_SERVER_TOKEN"]
+    with served(args, log_path, env={"LIBERO_TEST_SERVER_TOKEN": token}) as url:
+        yield url, token
+
+
+def test_server_drives_a_chunk_head_rollout_behind_a_token(
+    served_oft_run: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OFT run through `--policy_url` with `--policy_auth_token_env`: the server answers no request without the
+    token, the wrist view or the proprio, so an episode that runs at all was asked with them (that the answers are
+    the in-process chunks is tests/inference/test_server_oft.py's)."""
+    import requests
+
+    url, token = served_oft_run
+    monkeypatch.setenv("LIBERO_TEST_CLIENT_TOKEN", token)
+    flags = [
+        "--task_suite",
+        "libero_spatial",
+        "--tasks",
+        "0",
+        "--num_trials_per_task",
+        "1",
+        "--max_steps",
+        "8",
+    ]
+    report = evaluate(
+        ["--policy_url", url, "--policy_auth_token_env", "LIBERO_TEST_CLIENT_TOKEN", *flags], tmp_path
+    )
+    protocol = report["protocol"]
+    assert (protocol["num_images"], protocol["proprio"], protocol["open_loop_steps"]) == (2, True, 8)
+    (episode,) = report["episodes"]
+    assert episode["steps"] == 18 or episode["success"]  # 10 settling steps, then the one chunk of 8
+    # One policy query for the episode: its whole chunk ran open loop.
+    assert requests.get(f"{url}/health", timeout=30).json()["requests_served"] == 1
 
 
 def run_script(*args: str, **env: str) -> subprocess.CompletedProcess:
