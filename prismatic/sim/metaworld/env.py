@@ -17,6 +17,7 @@ or worker.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from prismatic.sim.benchmark import SimObservation
 from prismatic.sim.metaworld.tasks import MT50_TASKS, TASK_DESCRIPTIONS, task_name
-from prismatic.sim.render import check_render_backend
+from prismatic.sim.render import RENDER_BACKENDS, check_render_backend
 
 ACTION_DIM = (
     4  # hand xyz displacement (scaled by 1/100 m), gripper effort (-1 open, +1 close); all in [-1, 1]
@@ -78,7 +79,9 @@ class MetaWorldTaskEnv:
                 "A Meta-World simulator cannot run in a process that has imported TensorFlow: MuJoCo's software "
                 "rendering (Mesa) crashes there. Run it in a fresh process, as EnvPool's workers do."
             )
-        if "OpenGL" not in sys.modules:  # the OpenGL platform is fixed when PyOpenGL is first imported
+        # Choose the back-end unless a checked one is set (entry points check it before starting workers, which
+        # inherit it); once PyOpenGL is imported the platform is fixed anyway.
+        if os.environ.get("MUJOCO_GL") not in RENDER_BACKENDS and "OpenGL" not in sys.modules:
             check_render_backend()
         import metaworld  # lazy: MuJoCo and gymnasium, after the back-end is chosen
 
