@@ -112,6 +112,11 @@ class CollectConfig:
                 f"--val_fraction {self.val_fraction} is outside [0, 1): it is the share of every task's "
                 "demonstrations held out as the val split (e.g. 0.1; 0 = none)."
             )
+        if self.val_fraction > 0 and self.episodes_per_task < 2:
+            raise ConfigError(
+                f"--episodes_per_task {self.episodes_per_task} leaves no training demonstration once the val split "
+                "holds one of every task: ask for at least 2, or pass --val_fraction 0."
+            )
 
 
 def task_list(cfg: CollectConfig) -> list[str]:

@@ -150,6 +150,9 @@ def test_flag_mistakes(collect: ModuleType, tmp_path: Path) -> None:
         ConfigError, match="'reach-v4' is not a task id of this suite.*Did you mean 'reach-v3'"
     ):
         collect.task_list(collect.CollectConfig(tmp_path, tasks="reach-v4"))
+    with pytest.raises(ConfigError, match="--episodes_per_task 1 leaves no training demonstration"):
+        collect.CollectConfig(tmp_path, episodes_per_task=1)
+    assert collect.CollectConfig(tmp_path, episodes_per_task=1, val_fraction=0).val_fraction == 0
     assert collect.CollectConfig(tmp_path, task_suite="MT10").name == "metaworld_mt10"
 
 
