@@ -64,17 +64,16 @@ def observation_from_metaworld(raw_state: np.ndarray, image: np.ndarray) -> Meta
 class MetaWorldTaskEnv:
     """Meta-World's environment of one task, built as LeRobot's `MetaworldEnv` builds it, rendering `corner2` at
     `resolution` squared. `shadows=False` skips MuJoCo's shadow pass, the bulk of a frame's cost on a software
-    renderer; the images then differ from the benchmark's (softer contrast under the arm and objects), so data
-    collected that way is evaluated that way.
+    renderer; the images then differ from the benchmark's (no shadows under the arm and objects), so data
+    collected that way is best evaluated that way.
 
     Not in a process that imports TensorFlow (the policy's image maths does): MuJoCo's software rendering crashes
     there. The evaluation pool's workers and `collect_demos.py`'s are fresh processes."""
 
     def __init__(self, suite: str, task_id: int, resolution: int = 480, *, shadows: bool = True) -> None:
         name = task_name(suite, task_id)
-        if (
-            "tensorflow" in sys.modules
-        ):  # measured: a segfault in the first render, with Mesa's EGL (llvmpipe)
+        # Measured: a segfault in the first render after `import tensorflow`, with Mesa's EGL (llvmpipe).
+        if "tensorflow" in sys.modules:
             raise RuntimeError(
                 "A Meta-World simulator cannot run in a process that has imported TensorFlow: MuJoCo's software "
                 "rendering (Mesa) crashes there. Run it in a fresh process, as EnvPool's workers do."
