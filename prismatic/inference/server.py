@@ -456,10 +456,14 @@ def create_app(
     needs `Authorization: Bearer <auth_token>` (`BearerTokenAuth`).
 
     Raises:
-        ConfigError: `max_batch_size` < 1, `max_wait_ms` < 0 or `max_request_bytes` < 1.
+        ConfigError: `max_batch_size` < 1, `max_wait_ms` < 0, `max_request_bytes` < 1, or an empty `auth_token`.
     """
     if max_request_bytes < 1:
         raise ConfigError(f"max_request_bytes must be at least 1, got {max_request_bytes}.")
+    if auth_token is not None and not auth_token.strip():
+        raise ConfigError(
+            "auth_token is empty: give the token requests must carry, or None for no authentication."
+        )
     batcher: DynamicBatcher[ActRequest, np.ndarray] = DynamicBatcher(
         lambda requests: predict_batch(policy, requests), max_batch_size, max_wait_ms, name="vla-batcher"
     )

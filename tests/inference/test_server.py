@@ -377,3 +377,11 @@ def test_failing_batch_answers_500_and_oversized_body_413(
         big = client.post("/act", content=_body({**GOOD, "image": np.zeros((600, 600, 3), np.uint8)}))
         assert big.status_code == 413 and "exceeds" in big.json()["error"]
         assert client.get("/health").json()["status"] == "ok"
+
+
+def test_an_empty_token_is_refused(policy: VLAPolicy) -> None:
+    """An empty token would let `Authorization: Bearer ` through: `create_app` refuses it (serve.py never reads one)."""
+    from prismatic.util.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="auth_token is empty"):
+        create_app(policy, auth_token=" ")
