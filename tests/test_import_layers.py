@@ -90,7 +90,9 @@ def _describe(cycle: list[str], imports: dict[tuple[str, str], list[str]]) -> st
     lines = [" -> ".join(cycle)]
     for a, b in zip(cycle, cycle[1:], strict=False):
         lines.append(f"  {a} -> {b}:")
-        lines.extend(f"    {where}" for where in imports[a, b])
+        lines.extend(
+            f"    {where}" for where in dict.fromkeys(imports[a, b])
+        )  # each import once, in file order
     return "\n".join(lines)
 
 
