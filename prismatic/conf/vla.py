@@ -509,4 +509,30 @@ for _suite in _LIBERO_SUITES:
         num_steps_before_decay=40,  # OFT's 100k of 150k steps at the peak LR, scaled to 60 steps
     )
 
+# === Meta-World (docs/metaworld.md): demonstrations from `vla_scripts/collect_demos.py`, evaluated closed loop by
+# `vla_scripts/eval_sim.py --benchmark metaworld` (LeRobot's protocol). The 7B presets are OpenVLA's and OpenVLA-OFT's
+# LIBERO recipes above on MT50's demonstrations (`collect_demos.py --task_suite MT50` names them metaworld_mt50), with
+# Meta-World's one camera; the steps are the recipes' LIBERO-Spatial budgets (no published Meta-World recipe of
+# either exists). The tiny ones are what `make demo` trains on 2 CPU cores: OFT's structure (8-action chunks from an
+# L1 head, proprio) fully fine-tuned (LoRA on a randomly initialised model only slows learning), and the tokens head. ===
+register_vla("openvla-7b+metaworld_mt50", "openvla-7b+libero_spatial", data_mix="metaworld_mt50")
+register_vla(
+    "openvla-oft-7b+metaworld_mt50", "openvla-oft-7b+libero_spatial", data_mix="metaworld_mt50", num_images=1
+)
+register_vla(
+    "tiny-oft+metaworld",
+    "openvla-oft-7b+metaworld_mt50",
+    **{**_TINY_CPU_RUN, "per_device_batch_size": 16},
+    use_lora=False,
+    train_strategy="auto",
+    image_aug=False,
+    shuffle_buffer_size=4_000,
+    max_steps=1_000,
+    expected_world_size=2,
+    global_batch_size=32,
+    lr_scheduler_type="linear-warmup+cosine-decay",
+    warmup_ratio=0.1,
+)
+register_vla("tiny+metaworld", "tiny-oft+metaworld", action_head="tokens", chunk_size=1, use_proprio=False)
+
 DEFAULT_VLA_ID = "prism-dinosiglip-224px+mx-oxe-magic-soup-plus"
