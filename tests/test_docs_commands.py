@@ -30,6 +30,7 @@ DOCS = (
     "docs/lerobot.md",
     "docs/own_data.md",
     "docs/libero.md",
+    "docs/metaworld.md",
 )
 BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 EXAMPLE_FILE = re.compile(r"<!-- example: ([\w.]+) -->")
