@@ -1,11 +1,11 @@
 """Camera images normalised on the policy's device: uint8 frames go up as bytes, pixel values are made there.
 
-On the host, a batch of 64 224-px frames for the fused DINOv2 + SigLIP backbone takes 60-150 ms of single-threaded
-table look-ups, stacking and casting (`benchmarks/bench_pixels.py`), then a 77 MB float32 upload: on a GPU, 8-20 %
-of a batch-64 request. Here the host stacks the raw frames (9.6 MB of uint8) and the device looks every byte up in
-the host path's own table (`fast_image_transform`), cast to the policy's dtype first: casting a looked-up value
-and looking up a cast one give the same number, so the pixel values are bit-identical to the host path's (and to
-torchvision's PIL path, which the table reproduces).
+On the host, a batch of 64 224-px frames for the fused DINOv2 + SigLIP backbone costs single-threaded table
+look-ups, stacking and casting (`benchmarks/bench_pixels.py` times them), then a 77 MB float32 upload: a visible
+share of a batch-64 request on a GPU. Here the host stacks the raw frames (9.6 MB of uint8) and the device looks
+every byte up in the host path's own table (`fast_image_transform`), cast to the policy's dtype first: casting a
+looked-up value and looking up a cast one give the same number, so the pixel values are bit-identical to the host
+path's (and to torchvision's PIL path, which the table reproduces).
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def kind_of(name: str, on_host: bool = False) -> str:
 def _is_annotation(event: Any) -> bool:
     """A range the profiler draws on the device's timeline for a `record_function` scope (DDP's forward, a step's
     marker): it spans the kernels launched inside it and is no kernel, so counting it would add its whole span to
-    the busy time and a launch of kind `other` (one H100 profile of a DDP step listed a 214 ms
-    `DistributedDataParallel.forward`)."""
+    the busy time and a launch of kind `other` (a profile of a DDP step lists `DistributedDataParallel.forward`,
+    as long as the whole forward)."""
     return bool(event.is_user_annotation)
 
 
@@ -134,8 +134,8 @@ def summarize(
 
 
 # What `torch.cuda.set_sync_debug_mode("warn")` says at each call that waits for the device. Its other warning,
-# that the mode is a prototype, comes once per process and is no sync (counting it put a phantom sync in the
-# first row of every `bench_gpu.py` run on an H100, 2026-11-27).
+# that the mode is a prototype, comes once per process and is no sync (counting it would put a phantom sync in the
+# first row of every `bench_gpu.py` run).
 SYNC_WARNING = "called a synchronizing CUDA operation"
 
 

@@ -56,7 +56,7 @@ class _SnapshotUnusable(Exception):
 
 # The tf.data iterator's state is captured with the iterator's resource handle (`OwnedIterator._iterator_resource`,
 # what `tf.train.Checkpoint` uses too): the public API can only write the live state to files, and a snapshot needs
-# the state from before the group being yielded, kept in memory (~0.1 ms per capture, under symbolic checkpointing).
+# the state from before the group being yielded, kept in memory (a cheap copy under symbolic checkpointing).
 def _capture_state(iterator: Any) -> Any:
     """The iterator's state now, as a variant tensor (a copy: it does not follow the iterator)."""
     tf = import_tensorflow()
