@@ -56,8 +56,7 @@ test: $(STAMP)
 # CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, validation under CUDA graphs, the policy and server in
 # bf16, 2 ranks when there are 2 GPUs. On a GPU machine with torch but no venv: `make test-gpu PY=python3` (installs
 # nothing). Each test's name prints as it starts and ends, and one still running after 4 min has every thread's stack
-# printed (the suite compiles the tiny model several times on CUDA: 212 s on one H100 with a cold compile cache,
-# 2026-11-27, before the validation and full fine-tune CUDA-graph cases were added).
+# printed (the suite compiles the tiny model several times on CUDA; benchmarks/results/ has its measured run times).
 PY ?= $(BIN)/python
 .PHONY: test-gpu
 test-gpu: $(if $(filter $(BIN)/python,$(PY)),$(STAMP))
