@@ -7,8 +7,8 @@ of ours with a team as large as its cores is never in that case, yet it always s
 pipeline threads, a server's or simulator's threads, other ranks and processes. The spinning members then take
 the cores from the threads that hold the work, and each of the thousands of parallel regions in a training step
 waits for a member the kernel descheduled: a 1-process CPU run of a tiny preset crawled until its first
-checkpoint, whose process group started two threads with OpenMP teams of their own and so pushed libgomp over its
-throttling line by accident (benchmarks/results/ has the measurement).
+checkpoint, whose save ran a torch op on a gloo worker thread: that thread's own OpenMP team pushed libgomp over
+its throttling line, by accident (benchmarks/results/ has the measurement).
 
 `OMP_WAIT_POLICY=PASSIVE` makes idle team members sleep at once, from the first step. libgomp reads it once, when
 it loads with torch, so `entry_point` (`cli_report.py`) sets it before a script's `main` runs, before anything
