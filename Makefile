@@ -1,4 +1,4 @@
-# The README's two commands: `make demo` (train a tiny VLA end to end on CPU) and `make test`.
+# The README's two commands: `make demo` (a tiny policy learns Meta-World tasks on CPU, shown in closed loop) and `make test`.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
