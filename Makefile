@@ -24,7 +24,7 @@ install: $(STAMP)
 # torchrun on CPU (NPROC processes), then it is rolled out in the simulator and the success table printed. W&B is not
 # used (--trackers jsonl); the run lands in $(RUN_ROOT)/demo, its evaluation in $(RUN_ROOT)/demo/eval_metaworld/MT50.
 DEMO_DATA     ?= data/metaworld_demo
-DEMO_TASKS    ?= button-press-topdown-v3,drawer-open-v3,reach-v3
+DEMO_TASKS    ?= button-press-topdown-v3,drawer-open-v3
 DEMO_EPISODES ?= 40
 DEMO_TRIALS   ?= 10
 DEMO_VIEW      = --resolution 64 --shadows false
