@@ -2,7 +2,7 @@
 simulator, on fixed seeds, in CI's time. The test fails when learning breaks (a policy that ignores its inputs, a
 head that no longer trains, an evaluation that feeds the policy the wrong frames), not only when numbers drift.
 
-What a policy that ignores its inputs gets was measured once (benchmarks/results/2026-11-28-metaworld-learning.md has
+What a policy that ignores its inputs gets was measured once (benchmarks/results/2026-11-28-cpu-metaworld-learning.md has
 the figures and commands): the demonstrations' mean action replayed every step opens the drawer in 0 of 20 episodes
 (95 % Wilson interval 0-16 %). A policy trained this briefly mostly steers by its proprio (the hand's position):
 reading the drawer's place from the image takes longer (thousands of steps, the report), so the image check below
