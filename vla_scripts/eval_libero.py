@@ -27,11 +27,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from prismatic.sim.evaluation import EvalSimConfig, evaluate, open_source
-from prismatic.training.trackers import check_trackers
-from prismatic.util.cli import entry_point, parse_config
+from prismatic.sim.evaluation import EvalSimConfig, open_source, run_from_flags
+from prismatic.util.cli import entry_point
 from prismatic.util.errors import ConfigError
-from prismatic.util.logging import setup_logging
 
 __all__ = ["EvalLiberoConfig", "main", "open_source"]
 
@@ -56,11 +54,7 @@ class EvalLiberoConfig(EvalSimConfig):
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and evaluate; a mistake exits 2 in one paragraph."""
-    cfg = parse_config(EvalLiberoConfig, argv, doc=__doc__)
-    check_trackers(cfg.trackers)  # no W&B login: refused before the simulator and the policy load
-    setup_logging(0)
-    evaluate(cfg)
-    return 0
+    return run_from_flags(EvalLiberoConfig, argv, __doc__)
 
 
 if __name__ == "__main__":

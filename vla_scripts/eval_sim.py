@@ -24,20 +24,14 @@ from __future__ import annotations
 
 import sys
 
-from prismatic.sim.evaluation import EvalSimConfig, evaluate
-from prismatic.training.trackers import check_trackers
-from prismatic.util.cli import entry_point, parse_config
-from prismatic.util.logging import setup_logging
+from prismatic.sim.evaluation import EvalSimConfig, run_from_flags
+from prismatic.util.cli import entry_point
 
 
 @entry_point
 def main(argv: list[str] | None = None) -> int:
     """Parse the flags (`--help` lists them) and evaluate; a mistake exits 2 in one paragraph."""
-    cfg = parse_config(EvalSimConfig, argv, doc=__doc__)
-    check_trackers(cfg.trackers)  # no W&B login: refused before the simulator and the policy load
-    setup_logging(0)
-    evaluate(cfg)
-    return 0
+    return run_from_flags(EvalSimConfig, argv, __doc__)
 
 
 if __name__ == "__main__":

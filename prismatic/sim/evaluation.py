@@ -340,3 +340,18 @@ def _write_video(videos: Path, result: Any) -> None:
     if result.frames:
         iio.imwrite(videos / name, np.stack(result.frames), plugin="pyav", codec="libx264", fps=30)
     result.frames.clear()
+
+
+def run_from_flags(config_class: type[EvalSimConfig], argv: list[str] | None, doc: str | None) -> int:
+    """What `eval_sim.py` and `eval_libero.py` do: parse the flags (`--help` lists them), refuse W&B without a login
+    before the simulator and the policy load, evaluate; returns the exit code (a mistake exits 2 through the
+    scripts' `entry_point`)."""
+    from prismatic.training.trackers import check_trackers  # lazy: the config layer stays free of training
+    from prismatic.util.cli import parse_config
+    from prismatic.util.logging import setup_logging
+
+    cfg = parse_config(config_class, argv, doc=doc)
+    check_trackers(cfg.trackers)
+    setup_logging(0)
+    evaluate(cfg)
+    return 0

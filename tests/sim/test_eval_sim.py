@@ -387,8 +387,8 @@ def test_eval_libero_trials_beyond_the_initial_states_refused_at_parse_time(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """51 episodes of a task LIBERO has 50 initial states for: refused before the simulator or the policy."""
+    monkeypatch.setattr(evaluation, "evaluate", lambda cfg: pytest.fail("evaluate() ran"))
     for script, extra in (("eval_libero", []), ("eval_sim", ["--benchmark", "libero"])):
-        monkeypatch.setattr(import_script(script), "evaluate", lambda cfg: pytest.fail("evaluate() ran"))
         message = refused(
             [*extra, "--policy_url", "http://127.0.0.1:9", "--num_trials_per_task", "51"], capsys, script
         )
