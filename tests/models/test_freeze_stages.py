@@ -94,6 +94,29 @@ def test_stage_logs_parameter_counts(tiny_vlm, caplog: pytest.LogCaptureFixture)
     assert any("trainable" in record.getMessage() for record in caplog.records)
 
 
+def test_stage_logs_name_the_action_modules_that_train(caplog: pytest.LogCaptureFixture) -> None:
+    """An OFT-style action side (read-out head, proprio projector) is attached after the stage is set: the log names
+    both as trainable, with their parameter counts, and the totals that include them."""
+    from prismatic.models import build_vlm
+    from prismatic.models.action_heads import ActionSpec
+
+    torch.manual_seed(0)
+    vlm = build_vlm("tiny-vit+tiny-llama")
+    vlm.freeze_backbones("vla-train")
+    spec = ActionSpec(head="l1-chunk", chunk_size=2, action_dim=4, proprio_dim=4)
+    with caplog.at_level("INFO", logger="prismatic.models.vlms.prismatic"):
+        vlm.attach_action_modules(spec)
+    lines = [record.getMessage() for record in caplog.records]
+    head = sum(p.numel() for p in vlm.action_head.parameters())
+    proprio = sum(p.numel() for p in vlm.proprio_projector.parameters())
+    assert f"  [TRAINABLE] action head 'l1-chunk': {head:,} parameters" in lines
+    assert f"  [TRAINABLE] proprio projector: {proprio:,} parameters" in lines
+    trainable = sum(p.numel() for p in vlm.parameters() if p.requires_grad)
+    assert any(
+        line.endswith(f", {trainable:,} trainable") and "with the action side" in line for line in lines
+    )
+
+
 def test_unknown_stage_lists_the_four(tiny_vlm) -> None:
     with pytest.raises(ConfigError, match="'vla-trian'.*Did you mean 'vla-train'") as info:
         tiny_vlm.freeze_backbones("vla-trian")

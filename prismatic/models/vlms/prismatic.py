@@ -137,6 +137,20 @@ class PrismaticVLM(nn.Module):
                 self.all_module_keys.append("proprio_projector")
         self.action_spec = spec
         self._apply_head_freezing()
+        # The stage's lines (freeze_backbones) came before these modules existed: name them, and the new totals.
+        for key, what in (
+            ("action_head", f"action head '{spec.head}'"),
+            ("proprio_projector", "proprio projector"),
+        ):
+            if hasattr(self, key):
+                count = _count(list(getattr(self, key).parameters()))
+                logger.info("  [TRAINABLE] %s: %s parameters", what, f"{count:,}")
+        params = list(self.parameters())
+        logger.info(
+            "  %s parameters with the action side, %s trainable",
+            f"{_count(params):,}",
+            f"{_count([p for p in params if p.requires_grad]):,}",
+        )
 
     def _apply_head_freezing(self) -> None:
         """Action modules always train; a head that does not read the LM head freezes it (no gradient reaches it)."""
