@@ -20,20 +20,21 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # A policy that learns, shown in closed loop (README's first command): Meta-World's scripted experts give DEMO_EPISODES
-# demonstrations of each of DEMO_TASKS (kept in DEMO_DATA: a second run reuses them), the tiny VLA trains on them under
-# torchrun on CPU (NPROC processes), then it is rolled out in the simulator and the success table printed. W&B is not
+# demonstrations of each of DEMO_TASKS (kept in DEMO_DATA: a second run reuses them), the tiny VLA DEMO_VLA trains on them
+# under torchrun on CPU (NPROC processes), then it is rolled out in the simulator and the success table printed. W&B is not
 # used (--trackers jsonl); the run lands in $(RUN_ROOT)/demo, its evaluation in $(RUN_ROOT)/demo/eval_metaworld/MT50.
 DEMO_DATA     ?= data/metaworld_demo
 DEMO_TASKS    ?= button-press-topdown-v3,drawer-open-v3
 DEMO_EPISODES ?= 40
 DEMO_TRIALS   ?= 10
+DEMO_VLA      ?= tiny+metaworld
 DEMO_VIEW      = --resolution 64 --shadows false
 demo: $(STAMP)
 	$(BIN)/python vla_scripts/collect_demos.py --benchmark metaworld --task_suite MT50 --tasks $(DEMO_TASKS) \
 		--episodes_per_task $(DEMO_EPISODES) $(DEMO_VIEW) --num_workers $(NPROC) --data_root_dir $(DEMO_DATA)
 	rm -rf $(RUN_ROOT)/demo
 	$(BIN)/torchrun --standalone --nnodes 1 --nproc-per-node $(NPROC) vla_scripts/train.py \
-		--vla.type tiny-oft+metaworld --vla.expected_world_size $(NPROC) --vla.per_device_batch_size $$((32 / $(NPROC))) \
+		--vla.type $(DEMO_VLA) --vla.expected_world_size $(NPROC) --vla.per_device_batch_size $$((32 / $(NPROC))) \
 		--plugins $(DEMO_DATA)/metaworld_mt50/metaworld_mt50_dataset.py --data_root_dir $(DEMO_DATA) \
 		--run_root_dir $(RUN_ROOT) --run_id demo --trackers jsonl
 	$(BIN)/python vla_scripts/eval_sim.py --benchmark metaworld --checkpoint $(RUN_ROOT)/demo --task_suite MT50 \
