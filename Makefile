@@ -49,9 +49,10 @@ demo-toy: $(STAMP)
 		vla_scripts/train.py --vla.type $(VLA) --data_root_dir $(DATA_ROOT) --run_root_dir $(RUN_ROOT) --run_id demo-toy \
 		--trackers jsonl
 
-# Two pytest-xdist workers, one thread each (a module stays on one worker, tests/conftest.py): CI has 2 cores.
+# Two pytest-xdist workers, one thread each (a module stays on one worker; the longest first, tests/conftest.py): CI
+# has 2 cores.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The GPU suite (tests/gpu, marker `gpu`; `make test` skips it without CUDA): NCCL, FSDP2 + bf16 + accumulation vs
 # CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, validation under CUDA graphs, the policy and server in

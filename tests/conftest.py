@@ -68,12 +68,14 @@ def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory, work
     return _once_per_run(tmp_path_factory, worker_id, "runs", build) / "full"
 
 
-# `make test` runs `pytest -n 2 --dist loadfile`: a module stays on one worker, so its module-scoped fixtures (toy
-# runs, servers, tiny models) are built once. xdist (>= 3.5) hands out the modules with the most tests first; this
-# order (the longest modules, measured with `--durations=0`) only breaks its ties. Handing them out longest first
-# (`--no-loadscope-reorder`) was slower on 2 cores with a cold compile cache, 856 against 831 s, 2026-11-28: the
-# subprocess-heavy modules then ran at the same time, and the test work summed to 1,652 against 1,542 s.
+# `make test` runs `pytest -n 2 --dist loadfile --no-loadscope-reorder`: a module stays on one worker, so its
+# module-scoped fixtures (toy runs, servers, simulators, tiny models) are built once, and modules are handed out in
+# collection order, which this hook sorts by the list below (the modules whose set-up takes minutes first, so that
+# the many short ones fill both workers at the end instead of one long module finishing alone);
+# benchmarks/results/2026-11-29-cpu-test-suite.md has the measurements.
 LONGEST_FIRST = (
+    "test_eval_libero.py",
+    "test_metaworld_learning.py",
     "test_train_e2e.py",
     "test_resume_e2e.py",
     "test_oft_e2e.py",
