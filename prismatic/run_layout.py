@@ -13,9 +13,9 @@ nothing else, so the config layer and `--help` can use it before torch.
       profile/                            PROFILE_DIR (--profile.start_step)
         rank00000-steps-000010-000011.trace.json, .summary.json   profile_stem(rank, first, last) + suffixes
       wandb_run_id.txt                    WANDB_ID_FILE
-      eval_libero/<suite>/                LIBERO_EVAL_DIR (vla_scripts/eval_libero.py)
-        results.json, metrics.jsonl       LIBERO_RESULTS_FILE, METRICS_FILE
-        videos/*.mp4                      LIBERO_VIDEOS_DIR
+      eval_<benchmark>/<suite>/           sim_eval_dir(benchmark) (vla_scripts/eval_sim.py, eval_libero.py)
+        results.json, metrics.jsonl       SIM_RESULTS_FILE, METRICS_FILE
+        videos/*.mp4                      SIM_VIDEOS_DIR
       checkpoints/                        CHECKPOINTS_DIR
         latest                            LATEST_POINTER
         step-000040-epoch-01/             CHECKPOINT_DIR (checkpoint_dir_name)
@@ -41,9 +41,17 @@ WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resume continues
 PROFILE_DIR = "profile"  # `--profile.*`: each rank's trace and summary of a window of steps
 PROFILE_TRACE = ".trace.json"  # a Chrome trace (Perfetto opens it)
 PROFILE_SUMMARY = ".summary.json"  # where the window's time went (`prismatic.util.kernel_profile.summarize`)
-LIBERO_EVAL_DIR = "eval_libero"  # a LIBERO evaluation's folder in a run: <run>/eval_libero/<suite>/
-LIBERO_RESULTS_FILE = "results.json"  # its report: per-task and overall success, protocol, episodes
-LIBERO_VIDEOS_DIR = "videos"  # its mp4s (--save_videos)
+SIM_RESULTS_FILE = (
+    "results.json"  # a simulator evaluation's report: per-task and overall success, protocol, episodes
+)
+SIM_VIDEOS_DIR = "videos"  # its mp4s (--save_videos)
+
+
+def sim_eval_dir(benchmark: str) -> str:
+    """A benchmark's evaluation folder in a run: <run>/eval_<benchmark>/<suite>/ (eval_libero, eval_metaworld)."""
+    return f"eval_{benchmark}"
+
+
 HF_CONFIG_FILE = "config.json"  # an HF model folder's config (export_hf.py, OpenVLA's published checkpoints)
 
 CHECKPOINTS_DIR = "checkpoints"

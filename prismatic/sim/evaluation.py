@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from prismatic.models.compile_scope import DEFAULT_COMPILE_SCOPE, check_compile_scope
-from prismatic.run_layout import LIBERO_RESULTS_FILE, LIBERO_VIDEOS_DIR
+from prismatic.run_layout import SIM_RESULTS_FILE, SIM_VIDEOS_DIR, sim_eval_dir
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import looks_like_local_path, write_json_atomic
 
@@ -119,20 +119,13 @@ class EvalSimConfig:
         return read_token(self.policy_auth_token_env, self.policy_auth_token_file, "--policy_auth_token")
 
 
-def eval_dir_name(benchmark: str) -> str:
-    """A benchmark's evaluation folder inside a run (`eval_libero`, `eval_metaworld`)."""
-    return f"eval_{benchmark}"
-
-
 def default_out_dir(cfg: EvalSimConfig) -> Path:
     """`<run>/eval_<benchmark>/<suite>` for a local checkpoint, else `./eval_<benchmark>/<suite>`."""
     if cfg.checkpoint is not None and Path(cfg.checkpoint).expanduser().exists():
         from prismatic.models.checkpoint_format import run_folder_of  # lazy: torch
 
-        return (
-            run_folder_of(Path(cfg.checkpoint).expanduser()) / eval_dir_name(cfg.benchmark) / cfg.task_suite
-        )
-    return Path(eval_dir_name(cfg.benchmark)) / cfg.task_suite
+        return run_folder_of(Path(cfg.checkpoint).expanduser()) / sim_eval_dir(cfg.benchmark) / cfg.task_suite
+    return Path(sim_eval_dir(cfg.benchmark)) / cfg.task_suite
 
 
 def open_source(cfg: EvalSimConfig) -> Any:
@@ -285,12 +278,12 @@ def evaluate(cfg: EvalSimConfig) -> dict[str, Any]:
             "episodes_per_minute": round(60 * len(results) / seconds, 2) if seconds > 0 else None,
             **summary,
         }
-        write_json_atomic(out_dir / LIBERO_RESULTS_FILE, report, f"{label} results")
+        write_json_atomic(out_dir / SIM_RESULTS_FILE, report, f"{label} results")
         print(f"\n{label}: {cfg.checkpoint or cfg.policy_url}\n", flush=True)
         print(format_table(summary), flush=True)
         print(
             f"\n{len(results)} episodes in {seconds:.0f} s ({report['episodes_per_minute']} per minute); "
-            f"wrote {out_dir / LIBERO_RESULTS_FILE}",
+            f"wrote {out_dir / SIM_RESULTS_FILE}",
             flush=True,
         )
         return report
@@ -320,7 +313,7 @@ class _Progress:
         for tracker in self.trackers:
             tracker.log(self.done, record)
         if self.videos_in is not None:
-            _write_video(self.videos_in / LIBERO_VIDEOS_DIR, result)
+            _write_video(self.videos_in / SIM_VIDEOS_DIR, result)
 
     def close(self, success_rate: float) -> None:
         """The overall rate as one last record (step = episodes + 1); trackers finish."""
