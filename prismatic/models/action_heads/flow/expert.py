@@ -1,0 +1,290 @@
+"""The flow-matching action expert: a small transformer that maps the VLM's hidden states, a noisy action chunk, the
+flow time and proprio to a velocity (what `matching.sample` integrates).
+
+Design. The VLM hands the expert one layer's hidden states, not every layer's keys and values as π0 and SmolVLA
+share them, so each block, as GR00T's DiT cross-attends to one feature map, projects the prefix (normalised and
+narrowed once) into its own keys and values; the suffix tokens (a proprio token, then the H action tokens) attend
+jointly to those and to each other, π0's attention pattern, with padded prefix positions masked out. Those prefix
+keys and values depend on neither x_t nor t, so `encode_prefix` computes them once per observation and each of the
+sampler's N `forward` calls runs only the H + 1 suffix tokens. Time conditions every block through adaptive
+LayerNorm with zero-initialised gates (DiT's adaLN-Zero; GR00T's AdaLayerNorm and π0.5's adaRMS likewise), fed by
+π0's sine-cosine embedding of t.
+
+Shapes: B samples, L prefix positions of width `llm_dim`, H chunk steps of `action_dim`, P proprio values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prismatic.util.errors import ConfigError
+
+# π0's time embedding periods (openpi `posemb_sincos(timestep, width, min_period=4e-3, max_period=4.0)`): the
+# shortest wave resolves time steps of a few thousandths, the longest spans the unit interval.
+TIME_MIN_PERIOD = 4e-3
+TIME_MAX_PERIOD = 4.0
+
+
+@dataclass(frozen=True)
+class FlowExpertOptions:
+    """The expert's size. The defaults are π0's action expert (openpi's `gemma_300m`: width 1024, 18 layers, MLP
+    4096, 8 heads), a few percent of a 7B VLM's parameters beside it; tests use tiny ones.
+
+    Raises:
+        ConfigError: a size is not a positive integer, `width` is odd or not a multiple of `num_heads`, or
+            `mlp_ratio` is not positive.
+    """
+
+    width: int = 1024
+    depth: int = 18
+    num_heads: int = 8
+    mlp_ratio: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in ("width", "depth", "num_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"The flow expert's {name} must be a positive integer; got {value!r}.")
+        if self.width % self.num_heads or self.width % 2:
+            raise ConfigError(
+                f"The flow expert's width must be even and a multiple of its num_heads (each head gets width / "
+                f"num_heads channels, and the time embedding pairs sines with cosines); got width {self.width} "
+                f"with num_heads {self.num_heads}."
+            )
+        if (
+            isinstance(self.mlp_ratio, bool)
+            or not isinstance(self.mlp_ratio, int | float)
+            or self.mlp_ratio <= 0
+        ):
+            raise ConfigError(
+                f"The flow expert's mlp_ratio (MLP width / width) must be a positive number; got {self.mlp_ratio!r}."
+            )
+
+    @property
+    def mlp_width(self) -> int:
+        return max(1, round(self.width * self.mlp_ratio))
+
+
+def time_embedding(
+    time_B: torch.Tensor,
+    dim: int,
+    min_period: float = TIME_MIN_PERIOD,
+    max_period: float = TIME_MAX_PERIOD,
+) -> torch.Tensor:
+    """π0's sine-cosine embedding of scalar times (openpi's `posemb_sincos`): `[B, dim]` float32.
+
+    With `dim // 2` periods spaced geometrically from `min_period` to `max_period`, period_i = min_period *
+    (max_period / min_period) ** (i / (dim // 2 - 1)), the embedding is [sin(2π t / period_i)..., cos(...)...].
+    Computed in float64 and rounded once: the shortest period puts t = 1 near 1571 radians, where float32 arithmetic
+    would lose about 1e-4.
+    """
+    if dim % 2:
+        raise ValueError(f"the time embedding's width must be even (sines and cosines pair up); got {dim}")
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=time_B.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = time_B.to(torch.float64)[:, None] * (2 * math.pi / period)[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
+
+
+def _modulate(x_BSW: torch.Tensor, shift_BW: torch.Tensor, scale_BW: torch.Tensor) -> torch.Tensor:
+    return x_BSW * (1 + scale_BW[:, None]) + shift_BW[:, None]
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """What `encode_prefix` computes once per observation: each block's prefix keys and values `[B, heads, L,
+    head_dim]` and the prefix mask `[B, L]` (True at real positions). Read, never written, by `forward`."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    mask_BL: torch.Tensor
+
+
+class FlowExpertBlock(nn.Module):
+    """One pre-norm transformer block over the suffix tokens: joint attention to the prefix's keys and values and to
+    the suffix itself, then an MLP, each scaled and shifted by the time (adaLN) and gated (zero at init, so a new
+    block is the identity). Its own prefix key/value projection (`project_prefix`) runs once per observation."""
+
+    def __init__(self, options: FlowExpertOptions) -> None:
+        super().__init__()
+        width = options.width
+        self.num_heads = options.num_heads
+        self.attention_norm = nn.LayerNorm(width, elementwise_affine=False)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.prefix_kv = nn.Linear(width, 2 * width)
+        self.attention_out = nn.Linear(width, width)
+        self.mlp_norm = nn.LayerNorm(width, elementwise_affine=False)
+        self.mlp_in = nn.Linear(width, options.mlp_width)
+        self.mlp_out = nn.Linear(options.mlp_width, width)
+        # time -> shift, scale, gate for the attention and for the MLP; zero so that each block starts as the identity.
+        self.modulation = nn.Linear(width, 6 * width)
+        nn.init.zeros_(self.modulation.weight)
+        nn.init.zeros_(self.modulation.bias)
+
+    def _heads(self, x_BSW: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x_BSW.shape
+        return x_BSW.view(batch, length, self.num_heads, width // self.num_heads).transpose(1, 2)
+
+    def project_prefix(self, prefix_BLW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This block's keys and values of the (narrowed) prefix, `[B, heads, L, head_dim]` each, contiguous (they
+        are read N times; and FSDP2 warns about views returned from a sharded module's method).
+
+        Not `forward`, so FSDP2 does not gather the block's parameters for it unless it is registered as a forward
+        method (`shard_flow_expert` does).
+        """
+        keys, values = self.prefix_kv(prefix_BLW).chunk(2, dim=-1)
+        return self._heads(keys).contiguous(), self._heads(values).contiguous()
+
+    def forward(
+        self,
+        x_BSW: torch.Tensor,
+        time_cond_BW: torch.Tensor,
+        prefix_keys: torch.Tensor,
+        prefix_values: torch.Tensor,
+        key_mask_B11K: torch.Tensor,
+    ) -> torch.Tensor:
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.modulation(time_cond_BW).chunk(6, dim=-1)
+        h = _modulate(self.attention_norm(x_BSW), shift_a, scale_a)
+        query, key, value = (self._heads(part) for part in self.qkv(h).chunk(3, dim=-1))
+        key = torch.cat([prefix_keys.to(key.dtype), key], dim=2)
+        value = torch.cat([prefix_values.to(value.dtype), value], dim=2)
+        attended = F.scaled_dot_product_attention(query, key, value, attn_mask=key_mask_B11K)
+        attended = attended.transpose(1, 2).reshape(x_BSW.shape[0], x_BSW.shape[1], -1)
+        x_BSW = x_BSW + gate_a[:, None] * self.attention_out(attended)
+        h = _modulate(self.mlp_norm(x_BSW), shift_m, scale_m)
+        return x_BSW + gate_m[:, None] * self.mlp_out(F.gelu(self.mlp_in(h), approximate="tanh"))
+
+
+class FlowExpert(nn.Module):
+    """The velocity network (module docstring): `encode_prefix(prefix, mask)` once, then `forward(cache, x_t, time,
+    proprio)` per Euler step.
+
+    At initialisation the velocity is exactly zero: every block's gates and the output projection start at zero
+    (adaLN-Zero), so the untrained expert adds nothing to x_t, the loss starts at E[|noise - actions|^2] rather than
+    at a random network's, and each block opens its gate as it learns something useful.
+
+    Args:
+        options: width, depth, heads, MLP ratio.
+        llm_dim: the width of the VLM's hidden states.
+        action_dim: the width of one action.
+        chunk_size: H, the actions per chunk (each chunk position has a learned embedding).
+        proprio_dim: P, the proprio values read as one extra token; 0 for none.
+    """
+
+    def __init__(
+        self, options: FlowExpertOptions, llm_dim: int, action_dim: int, chunk_size: int, proprio_dim: int = 0
+    ) -> None:
+        super().__init__()
+        width = options.width
+        self.options, self.llm_dim, self.action_dim = options, llm_dim, action_dim
+        self.chunk_size, self.proprio_dim = chunk_size, proprio_dim
+        # The prefix, normalised (LLM hidden states run to large magnitudes) and narrowed to the expert's width once.
+        self.prefix_norm = nn.LayerNorm(llm_dim)
+        self.prefix_in = nn.Linear(llm_dim, width)
+        self.action_in = nn.Linear(action_dim, width)
+        self.position = nn.Parameter(torch.empty(chunk_size, width))
+        nn.init.normal_(self.position, std=0.02)
+        self.proprio_in = nn.Linear(proprio_dim, width) if proprio_dim else None
+        # π0.5's time MLP (two layers, swish) between the sine-cosine embedding and the blocks' modulations.
+        self.time_in = nn.Linear(width, width)
+        self.time_out = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(FlowExpertBlock(options) for _ in range(options.depth))
+        self.output_norm = nn.LayerNorm(width, elementwise_affine=False)
+        self.output_modulation = nn.Linear(width, 2 * width)
+        self.output = nn.Linear(width, action_dim)
+        for layer in (self.output_modulation, self.output):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def encode_prefix(self, prefix_BLE: torch.Tensor, prefix_mask_BL: torch.Tensor) -> PrefixCache:
+        """Every block's keys and values of the prefix: computed once per observation, reused by each `forward`.
+
+        Padded positions (`prefix_mask_BL` False) are zeroed before anything reads them, and masked out of the
+        attention, so what they hold (even NaN) cannot reach the velocity. Under FSDP2 it must be registered as a
+        forward method, as `shard_flow_expert` does.
+
+        Args:
+            prefix_BLE: the VLM's hidden states `[B, L, llm_dim]`.
+            prefix_mask_BL: bool `[B, L]`, True at real positions.
+        """
+        if prefix_BLE.ndim != 3 or prefix_BLE.shape[-1] != self.llm_dim:
+            raise ValueError(f"prefix {tuple(prefix_BLE.shape)} is not [B, L, llm_dim={self.llm_dim}]")
+        if prefix_mask_BL.dtype != torch.bool or prefix_mask_BL.shape != prefix_BLE.shape[:2]:
+            raise ValueError(
+                f"prefix mask must be bool [B, L] = {tuple(prefix_BLE.shape[:2])}; got {prefix_mask_BL.dtype} "
+                f"{tuple(prefix_mask_BL.shape)}"
+            )
+        prefix = prefix_BLE.to(self.prefix_in.weight.dtype).masked_fill(~prefix_mask_BL[..., None], 0.0)
+        narrowed = self.prefix_in(self.prefix_norm(prefix))
+        keys, values = zip(*(block.project_prefix(narrowed) for block in self.blocks), strict=True)
+        return PrefixCache(keys=tuple(keys), values=tuple(values), mask_BL=prefix_mask_BL)
+
+    def forward(
+        self,
+        cache: PrefixCache,
+        x_t_BHD: torch.Tensor,
+        time_B: torch.Tensor,
+        proprio_BP: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The velocity `[B, H, action_dim]`, float32 (the flow loss and the sampler's sums are taken in float32).
+
+        Args:
+            cache: `encode_prefix`'s result for these samples.
+            x_t_BHD: the noisy action chunk at time t.
+            time_B: the flow time per sample, in (0, 1] (1 is pure noise).
+            proprio_BP: normalised proprio, for an expert built with `proprio_dim` > 0 (None otherwise).
+        """
+        batch = x_t_BHD.shape[0]
+        if x_t_BHD.shape[1:] != (self.chunk_size, self.action_dim):
+            raise ValueError(
+                f"x_t {tuple(x_t_BHD.shape)} is not [B, chunk_size={self.chunk_size}, action_dim={self.action_dim}]"
+            )
+        if time_B.shape != (batch,) or cache.mask_BL.shape[0] != batch:
+            raise ValueError(
+                f"time {tuple(time_B.shape)} and the prefix cache's batch {cache.mask_BL.shape[0]} must match x_t's "
+                f"batch {batch}"
+            )
+        dtype = self.action_in.weight.dtype
+        tokens = [self.action_in(x_t_BHD.to(dtype)) + self.position.to(dtype)]
+        if self.proprio_in is not None:
+            if proprio_BP is None or proprio_BP.shape != (batch, self.proprio_dim):
+                got = None if proprio_BP is None else tuple(proprio_BP.shape)
+                raise ValueError(f"this expert reads proprio [B, {self.proprio_dim}]; got {got}")
+            tokens.insert(0, self.proprio_in(proprio_BP.to(dtype))[:, None])
+        elif proprio_BP is not None:
+            raise ValueError("this expert was built without proprio (proprio_dim 0) but was given some")
+        x = torch.cat(tokens, dim=1)
+        time_cond = F.silu(
+            self.time_out(F.silu(self.time_in(time_embedding(time_B, self.options.width).to(dtype))))
+        )
+        suffix_mask = torch.ones(batch, x.shape[1], dtype=torch.bool, device=x.device)
+        key_mask = torch.cat([cache.mask_BL, suffix_mask], dim=1)[:, None, None, :]
+        for block, keys, values in zip(self.blocks, cache.keys, cache.values, strict=True):
+            x = block(x, time_cond, keys, values, key_mask)
+        shift, scale = self.output_modulation(time_cond).chunk(2, dim=-1)
+        x = _modulate(self.output_norm(x[:, -self.chunk_size :]), shift, scale)
+        # A fresh float32 tensor, never a view of the projection's output (FSDP2 warns of views a unit returns).
+        return self.output(x).to(torch.float32, copy=True)
+
+
+def shard_flow_expert(expert: FlowExpert, **fully_shard_kwargs: Any) -> None:
+    """Shard `expert` with FSDP2: each block its own unit, then the expert (its projections, time MLP and output) as
+    one, with the same `fully_shard` arguments (`mesh`, `mp_policy`, `offload_policy`, ...). Call after activation
+    checkpointing wraps the blocks, on every rank.
+
+    `encode_prefix` and each block's `project_prefix` are methods other than `forward`, which FSDP2 hooks alone:
+    they are registered as forward methods so that they gather (and free) their unit's parameters too.
+    """
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    for block in expert.blocks:
+        fully_shard(block, **fully_shard_kwargs)
+        register_fsdp_forward_method(block, "project_prefix")
+    fully_shard(expert, **fully_shard_kwargs)
+    register_fsdp_forward_method(expert, "encode_prefix")
