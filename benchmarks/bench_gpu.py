@@ -31,7 +31,7 @@ on a GPU every case trains under DDP, compiles its blocks and replays them from 
 LoRA case keeps its matmul outputs, `selective-ops`, where they fit); `+compile`,
 `+no-compile`, `+sac-ops`, `+full-ac`, `+every-2`, `+no-ac`, `+live-data`, `+prefetch`, `+no-overlap`, `+ddp`, `+fsdp`,
 `+grad-op`, `+per-param-copy` (DDP's gradient copies one by one), `+cudagraphs` and `+no-cudagraphs`
-(`--vla.compile_mode`: compiled blocks replayed from CUDA graphs, or launched one by one) change one means each
+(`--vla.speed.compile_mode`: compiled blocks replayed from CUDA graphs, or launched one by one) change one means each
 (`MODIFIERS`), e.g. `new+compile+sac-ops`. On a GPU the variants are `new` alone unless `--variants` says otherwise
 (the whole run within `gpu_targets.BENCH_BUDGET_S`); on CPU `before new`. Frames
 come from the project's own batch transform and collator on synthetic images (`prismatic.vla.datasets.synthetic`):
@@ -79,6 +79,7 @@ sys.path.insert(0, str(REPO))
 from gpu_targets import check_targets, format_verdicts  # noqa: E402 (benchmarks/, beside this file)
 from model_flops import model_flops_per_sample  # noqa: E402
 
+from prismatic.conf.speed import SpeedConfig  # noqa: E402
 from prismatic.conf.vla import VLAConfig  # noqa: E402
 from prismatic.models.action_heads import ActionSpec, build_action_head  # noqa: E402
 from prismatic.models.backbones.llm.registry import get_llm_backbone_spec  # noqa: E402
@@ -144,27 +145,30 @@ CPU_CASES = {
     ),
 }
 VARIANT_BASES = ("before", "new")
-# `+name` after a base adds one means on top of it (e.g. `new+compile+sac-ops`): VLAConfig fields it sets.
+# `+name` after a base adds one means on top of it (e.g. `new+compile+sac-ops`): the VLAConfig fields it sets
+# (`speed.<name>`: a `SpeedConfig` field).
 MODIFIERS: dict[str, dict[str, Any]] = {
-    "compile": {"compile": "on"},
-    "no-compile": {"compile": "off"},
-    "sac-ops": {"checkpointing_policy": "selective-ops"},
-    "full-ac": {"checkpointing_policy": "full"},  # layers recomputed whole where `auto` keeps matmuls
-    "every-2": {"checkpointing_policy": "every-2"},
+    "compile": {"speed.compile": "on"},
+    "no-compile": {"speed.compile": "off"},
+    "sac-ops": {"speed.checkpointing_policy": "selective-ops"},
+    "full-ac": {"speed.checkpointing_policy": "full"},  # layers recomputed whole where `auto` keeps matmuls
+    "every-2": {"speed.checkpointing_policy": "every-2"},
     "no-ac": {"enable_gradient_checkpointing": False},
     "live-data": {},  # batches made by the transform and collator on every step, on the loop's thread
-    "prefetch": {"prefetch_batches": 2},  # the same live batches, made by the prefetch thread
-    "no-overlap": {"overlap_steps": "off"},  # each step's metrics read before the next step is queued
+    "prefetch": {"speed.prefetch_batches": 2},  # the same live batches, made by the prefetch thread
+    "no-overlap": {"speed.overlap_steps": "off"},  # each step's metrics read before the next step is queued
     # One GPU without FSDP2's per-layer copies: on a group of one, FSDP2 still copies every parameter it gathers
     # (the 7B frozen weights, twice a step); DDP + autocast computes on them in place.
     "ddp": {"train_strategy": "ddp"},
     "fsdp": {"train_strategy": "fsdp-full-shard"},  # FSDP2 also where `auto` picks DDP (one GPU)
     "grad-op": {"train_strategy": "fsdp-shard-grad-op"},  # gathered once a step, kept until the backward
-    "per-param-copy": {"batched_grad_copy": "off"},  # DDP copies each gradient into its bucket as it arrives
-    # How compiled blocks launch their kernels (`--vla.compile_mode`): replayed from CUDA graphs (`auto`'s choice
+    "per-param-copy": {
+        "speed.batched_grad_copy": "off"
+    },  # DDP copies each gradient into its bucket as it arrives
+    # How compiled blocks launch their kernels (`--vla.speed.compile_mode`): replayed from CUDA graphs (`auto`'s choice
     # for LoRA under DDP on a GPU), or one by one from inductor's Python wrapper.
-    "cudagraphs": {"compile": "on", "compile_mode": "reduce-overhead"},
-    "no-cudagraphs": {"compile_mode": "default"},
+    "cudagraphs": {"speed.compile": "on", "speed.compile_mode": "reduce-overhead"},
+    "no-cudagraphs": {"speed.compile_mode": "default"},
 }
 
 
@@ -268,33 +272,43 @@ def _vla(
         max_steps=steps,
         action_head=case.head,
         chunk_size=case.chunk_size,
-        optimizer_impl="for-loop" if before else "auto",
-        logits_at_labels="off" if before else "auto",
-        causal_mask_only="off" if before else "auto",
-        compile="off" if before else "auto",
-        compile_mode="default" if before else "auto",
-        overlap_steps="off" if before else "auto",
-        batched_grad_copy="off" if before else "auto",
         train_strategy="fsdp-full-shard" if before else "auto",
-        checkpointing_policy="full" if before else "auto",
+        speed=SpeedConfig(
+            optimizer_impl="for-loop" if before else "auto",
+            logits_at_labels="off" if before else "auto",
+            causal_mask_only="off" if before else "auto",
+            compile="off" if before else "auto",
+            compile_mode="default" if before else "auto",
+            overlap_steps="off" if before else "auto",
+            batched_grad_copy="off" if before else "auto",
+            checkpointing_policy="full" if before else "auto",
+        ),
     )
     for name, value in {**variant_overrides, **(overrides or {})}.items():
-        setattr(vla, name, value)
+        group, _, leaf = name.rpartition(".")  # `speed.compile`: a field of the speed group
+        setattr(vla.speed if group else vla, leaf, value)
     vla.check_values()
     return vla
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`--set name=value ...` as VLAConfig fields: text fields take the text as given (`on` stays "on"), others
-    read it as YAML (true, 1e-4, 32)."""
+    """`--set name=value ...` as VLAConfig fields, `speed.<name>` for the speed group's (as the flags name them:
+    `--vla.speed.compile` is `speed.compile`): text fields take the text as given (`on` stays "on"), others read it
+    as YAML (true, 1e-4, 32)."""
     import yaml
 
-    fields = VLAConfig.__dataclass_fields__
+    fields = {
+        **{n: f for n, f in VLAConfig.__dataclass_fields__.items() if n != "speed"},
+        **{f"speed.{n}": f for n, f in SpeedConfig.__dataclass_fields__.items()},
+    }
     overrides = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or name not in fields:
-            raise SystemExit(f"bench_gpu: --set takes name=value with a VLAConfig field name, got '{pair}'.")
+            raise SystemExit(
+                f"bench_gpu: --set takes name=value with a VLAConfig field name (speed.<name> for the speed "
+                f"group's), got '{pair}'."
+            )
         overrides[name] = value if fields[name].type in (str, "str") else yaml.safe_load(value)
     return overrides
 
@@ -467,7 +481,7 @@ def run_training_case(
         "world_size": world,  # ranks (torchrun); samples_per_s counts all of them, model_tflops and MFU one GPU
         "strategy": type(strategy).__name__,  # what `--vla.train_strategy` resolved to
         "compiled": strategy.compiled,  # what `compile` resolved to (`auto`: every case here, under DDP on a GPU)
-        # What `--vla.checkpointing_policy` resolved to (`auto`: selective-ops for LoRA on a GPU where it fits).
+        # What `--vla.speed.checkpointing_policy` resolved to (`auto`: selective-ops for LoRA on a GPU where it fits).
         "checkpointing": speed.checkpointing_policy or "off",
         "pad_to_multiple": speed.pad_to_multiple,  # batch lengths rounded up to it (8 under CUDA graphs)
         "ms_per_step": round(step_s * 1e3, 1),

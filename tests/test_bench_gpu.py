@@ -229,21 +229,36 @@ def test_set_and_variants_give_the_config_fields_they_name() -> None:
     """`--set` keeps text fields as typed (YAML would read `on` as true, which no speed flag accepts) and reads
     the others as YAML; `+ddp` / `+grad-op` pick the strategy."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from bench_gpu import parse_overrides, parse_variant
+    from bench_gpu import CPU_CASES, _vla, parse_overrides, parse_variant
 
-    assert parse_overrides(["causal_mask_only=on", "lora_rank=8", "enable_gradient_checkpointing=false"]) == {
-        "causal_mask_only": "on",
+    assert parse_overrides(
+        ["speed.causal_mask_only=on", "lora_rank=8", "enable_gradient_checkpointing=false"]
+    ) == {
+        "speed.causal_mask_only": "on",
         "lora_rank": 8,
         "enable_gradient_checkpointing": False,
     }
+    with pytest.raises(SystemExit, match="speed.<name> for the speed group's"):
+        parse_overrides(["causal_mask_only=on"])  # the flag's old, flat name
     assert parse_variant("new+ddp+sac-ops") == (
         False,
-        {"train_strategy": "ddp", "checkpointing_policy": "selective-ops"},
+        {"train_strategy": "ddp", "speed.checkpointing_policy": "selective-ops"},
         False,
     )
     assert parse_variant("before+grad-op")[1] == {"train_strategy": "fsdp-shard-grad-op"}
-    assert parse_variant("new+no-cudagraphs")[1] == {"compile_mode": "default"}
-    assert parse_variant("new+cudagraphs")[1] == {"compile": "on", "compile_mode": "reduce-overhead"}
+    assert parse_variant("new+no-cudagraphs")[1] == {"speed.compile_mode": "default"}
+    assert parse_variant("new+cudagraphs")[1] == {
+        "speed.compile": "on",
+        "speed.compile_mode": "reduce-overhead",
+    }
+    # `before` turns every speed switch off; a modifier and `--set` override one field, of the group or not.
+    vla = _vla(CPU_CASES["lora-tiny"], "before+compile", 3, {"speed.prefetch_batches": 2, "lora_rank": 8})
+    assert (vla.speed.compile, vla.speed.optimizer_impl, vla.speed.checkpointing_policy) == (
+        "on",
+        "for-loop",
+        "full",
+    )
+    assert (vla.speed.prefetch_batches, vla.lora_rank, vla.train_strategy) == (2, 8, "fsdp-full-shard")
 
 
 def test_cudagraphs_rows_count_the_graphs_inductor_skipped(tmp_path: Path) -> None:

@@ -169,14 +169,14 @@ CASES = [
     Case(
         "checkpointing-policy",
         "train",
-        (*TINY, "--vla.checkpointing_policy", "every-0"),
+        (*TINY, "--vla.speed.checkpointing_policy", "every-0"),
         ("Unknown checkpointing_policy 'every-0'", "auto, full, selective-ops, every-N (N >= 1)"),
     ),
     Case(
         "negative-prefetch",
         "train",
-        (*TINY, "--vla.prefetch_batches", "-1"),
-        ("--vla.prefetch_batches=-1 is out of range", ">= 0"),
+        (*TINY, "--vla.speed.prefetch_batches", "-1"),
+        ("--vla.speed.prefetch_batches=-1 is out of range", ">= 0"),
     ),
     Case(
         "unknown-scheduler",
@@ -280,8 +280,8 @@ CASES = [
     Case(  # assumes no CUDA device, like the whole suite (with one, it fails later, at the empty data root)
         "cpu-offload-without-cuda",
         "train",
-        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--vla.cpu_offload", "true"),
-        ("--vla.cpu_offload true needs CUDA GPUs", "Run without it"),
+        (*ONE_PROCESS, "--data_root_dir", "{tmp}/empty", "--vla.speed.cpu_offload", "true"),
+        ("--vla.speed.cpu_offload true needs CUDA GPUs", "Run without it"),
     ),
     Case(  # also before the model and data load; on CPU `auto` is FSDP2 (on one GPU it would be DDP)
         "cuda-graphs-under-fsdp",
@@ -290,12 +290,12 @@ CASES = [
             *ONE_PROCESS,
             "--data_root_dir",
             "{tmp}/empty",
-            "--vla.compile",
+            "--vla.speed.compile",
             "on",
-            "--vla.compile_mode",
+            "--vla.speed.compile_mode",
             "reduce-overhead",
         ),
-        ("--vla.compile_mode reduce-overhead", "needs DDP", "the strategy is fsdp-full-shard"),
+        ("--vla.speed.compile_mode reduce-overhead", "needs DDP", "the strategy is fsdp-full-shard"),
     ),
     # --- W&B without a login (the default --trackers jsonl wandb), refused before the model loads --------------
     Case(

@@ -120,7 +120,7 @@ def test_kill_9_mid_save_then_sigterm_then_resume_reproduce_the_uninterrupted_ru
     # step, saves and exits. This part makes its batches on the prefetch thread, ahead of the loop: the data
     # snapshot it saves must still be where the loop stands (step 3 resumes it without the thread).
     log = tmp_path / "preempted.log"
-    proc = start_train([*args, "--resume", "--vla.prefetch_batches", "2"], log)
+    proc = start_train([*args, "--resume", "--vla.speed.prefetch_batches", "2"], log)
     # The signal arrives as the loop starts (its first line logged): the run stops after the step it is in.
     wait_for(
         lambda: f"Training steps {killed_at + 1} to {STEPS}" in log.read_text(errors="replace"), proc, log

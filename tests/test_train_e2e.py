@@ -85,11 +85,11 @@ def test_run_folder_contents(full_run: Path):
 def test_overlapped_and_profiled_steps_train_like_the_reference_run(
     full_run: Path, toy_data_root: Path, tmp_path: Path
 ):
-    """`--vla.overlap_steps on` (CUDA's default) on 2 CPU processes: each step read after the next one is queued,
+    """`--vla.speed.overlap_steps on` (CUDA's default) on 2 CPU processes: each step read after the next one is queued,
     except at evaluations and saves; and steps 2-3 profiled (`--profile.*`). Every logged figure, the
     evaluations, the checkpoints and the final weights are the reference run's (`==`), and each rank wrote its own
     trace and summary of the two profiled steps."""
-    extra = ("--eval.interval", "3", "--eval.num_batches", "1", "--vla.overlap_steps", "on")
+    extra = ("--eval.interval", "3", "--eval.num_batches", "1", "--vla.speed.overlap_steps", "on")
     extra += ("--profile.start_step", "2", "--profile.num_steps", "2")
     proc = run_train(tiny_args(toy_data_root, tmp_path, "overlapped", *extra))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

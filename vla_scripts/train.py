@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     world = world_size()
     cfg.validate(world)
     check_trackers(cfg.trackers)  # no W&B login: one paragraph now, not a traceback after the model loads
-    if cfg.vla.cpu_offload or cfg.vla.compile_mode == "reduce-overhead" or cfg.vla.batched_grad_copy == "on":
+    if (
+        cfg.vla.speed.cpu_offload
+        or cfg.vla.speed.compile_mode == "reduce-overhead"
+        or cfg.vla.speed.batched_grad_copy == "on"
+    ):
         _check_device_flags(cfg, world)  # refused now, not after the model and data have loaded
     RunFolder.of(cfg, num_nodes(world)).check(cfg)
     # lazy: --help and the refusals above skip the dataset tables (0.1 s)

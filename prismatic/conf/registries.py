@@ -14,10 +14,10 @@ from prismatic.util.lazy import LazyRegistry
 AUTO = "auto"  # --vla.train_strategy auto: a registered strategy chosen per run (`prismatic.training.speed_plan`)
 
 # Facts the speed plan reads without importing a class: `cpu_offload=True` marks a strategy that can keep parameters
-# on the host (`--vla.cpu_offload`); `static_parameters=True` one whose parameters keep their storage from step to
-# step (what CUDA graphs replay on: `--vla.compile_mode`); `compiles_full_fine_tune=True` one under which
-# `--vla.compile auto` compiles full fine-tunes too (docs/performance.md says why); `replicates=True` one that keeps
-# a whole replica of the model on every rank (its gradients are all-reduced whole; FSDP2 shards them).
+# on the host (`--vla.speed.cpu_offload`); `static_parameters=True` one whose parameters keep their storage from step to
+# step (what CUDA graphs replay on: `--vla.speed.compile_mode`); `compiles_full_fine_tune=True` one under which
+# `--vla.speed.compile auto` compiles full fine-tunes too (docs/performance.md says why); `replicates=True` one that
+# keeps a whole replica of the model on every rank (its gradients are all-reduced whole; FSDP2 shards them).
 TRAIN_STRATEGIES = LazyRegistry("train_strategy")
 TRAIN_STRATEGIES.register(
     "fsdp-full-shard", "prismatic.training.strategies.fsdp:FSDPStrategy", cpu_offload=True

@@ -11,9 +11,11 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from prismatic.conf.data import DataOptions
 from prismatic.conf.registries import TRACKERS
+from prismatic.conf.speed import MOVED_FLAGS
 from prismatic.conf.vla import DEFAULT_VLA_ID, VLAConfig
 from prismatic.run_layout import CHECKPOINTS_DIR
 from prismatic.util.errors import ConfigError, did_you_mean
@@ -60,6 +62,10 @@ class ProfileConfig:
 class TrainConfig:
     """One training run."""
 
+    # Fields that moved (old dotted name -> new): `--config_path` reads a run folder's config.yaml from before the
+    # move under the old names (prismatic.util.cli). Not a flag.
+    MOVED_FLAGS: ClassVar[dict[str, str]] = MOVED_FLAGS
+
     # The experiment: base VLM, data mixture, freezing and optimisation (see prismatic/conf/vla.py)
     vla: VLAConfig = field(default_factory=VLAConfig.get_choice_class(DEFAULT_VLA_ID))  # experiment preset
 
@@ -90,7 +96,7 @@ class TrainConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     # Gradient reduction with accumulation: once per step (unsharded FP32 gradients kept between micro-batches) or
     # reduce-scattered after every micro-batch (sharded gradients only); auto picks by the memory they would need
-    # (FSDP), or after every micro-batch under CUDA graphs (DDP replaying them: --vla.compile_mode).
+    # (FSDP), or after every micro-batch under CUDA graphs (DDP replaying them: --vla.speed.compile_mode).
     grad_sync: str = "auto"  # auto, micro-batch or step
     sharding: str = (
         "auto"  # FSDP: full (shard over all ranks), hybrid (shard in a node, replicate across), auto

@@ -1,7 +1,8 @@
 """VLA experiment registry: `VLAConfig` (a draccus `ChoiceRegistry`) and every named experiment, chosen with
 `--vla.type <vla_id>`.
 
-An experiment fixes the base VLM, the data mixture, which backbones train, and the optimisation recipe. Each
+An experiment fixes the base VLM, the data mixture, which backbones train, and the optimisation recipe; how the run
+goes fast and fits in memory is its nested `speed` group (`prismatic/conf/speed.py`, `--vla.speed.*`). Each
 preset is data (a dict of overrides on top of a parent preset) registered once with `register_vla`, which makes
 the draccus subclass and refuses duplicate ids. OpenVLA's published experiments are registered with their
 published values, even though they need GPUs, real weights and Open-X data; the `tiny-*` presets run the same
@@ -14,31 +15,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from draccus import ChoiceRegistry
 
 from prismatic.conf.registries import AUTO, TRAIN_STRATEGIES
-from prismatic.util.checkpointing_policy import CHECKPOINTING_POLICIES, checkpointing_stride
+from prismatic.conf.speed import SpeedConfig, speed_config_class
 from prismatic.util.errors import ConfigError, did_you_mean
 
 if typing.TYPE_CHECKING:
     from prismatic.models.lora import LoraSettings
 
 LR_SCHEDULERS = ("constant", "linear-warmup+cosine-decay", "step-decay")
-OPTIMIZER_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")  # --vla.optimizer_impl
-SPEED_SWITCHES = ("auto", "on", "off")  # the speed flags: auto = on CUDA only (`speed_plan.speed_switch`)
-# Field metadata of the speed flags: the command line and config files also take true / false for on / off (a
-# run's config.yaml from before `compile` took `auto` says `compile: false`), and the flag alone means on.
-SWITCH = {"switch": True}
-# --vla.compile_mode: how compiled blocks launch their kernels, as torch.compile's keyword arguments per name (`auto`,
-# the default, picks one per run: `prismatic.training.speed_plan.blocks_compile_mode`). Both run inductor's kernels;
-# they differ in what the host does per launch, which bounds a launch-bound step.
-COMPILE_MODES: dict[str, dict[str, Any]] = {
-    "default": {},  # launched one by one from inductor's Python wrapper
-    "reduce-overhead": {"mode": "reduce-overhead"},  # replayed from CUDA graphs (CUDA, DDP)
-}
 
 
 @dataclass
@@ -95,28 +85,14 @@ class VLAConfig(ChoiceRegistry):
     lora_dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
     lora_target_modules: str = "all-linear"  # all-linear, or comma-separated Linear names, e.g. q_proj,v_proj
 
-    # Memory and precision
+    # Memory and precision (OpenVLA's fields; the other memory means are in `speed`)
     enable_gradient_checkpointing: bool = True  # activation checkpointing of the LLM's decoder layers
-    # auto (selective-ops for LoRA on CUDA where what it keeps fits: measured faster, else full), full,
-    # selective-ops (keeps the matmul outputs) or every-N (every Nth layer)
-    checkpointing_policy: str = "auto"
     enable_mixed_precision_training: bool = True  # bf16 compute where the device supports it
     reduce_in_full_precision: bool = True  # reduce gradients in FP32 under mixed precision
-    cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state on the host (GPU only)
 
-    # Speed. `auto` turns a means on on CUDA (where it was measured to win, or removes a wait without changing the
-    # work) and leaves CPU runs as they were; `on` / `off` force it (docs/performance.md has the figures). Every
-    # `auto` here and above is decided in one place, `prismatic/training/speed_plan.py`, and the run folder's
-    # speed_plan.json records what it became.
-    optimizer_impl: str = "auto"  # AdamW: auto (fused on CUDA), fused, foreach or for-loop
-    logits_at_labels: str = field(default="auto", metadata=SWITCH)  # LM head only at labels: auto, on or off
-    causal_mask_only: str = field(default="auto", metadata=SWITCH)  # drop right padding's mask: auto/on/off
-    prefetch_batches: int = 0  # batches made ahead on a background thread (transform, collate, pin); 0: off
-    compile: str = field(default="auto", metadata=SWITCH)  # compile blocks; auto: CUDA, if LoRA, DDP or no AC
-    compile_mode: str = "auto"  # compiled blocks' launches: auto, default, reduce-overhead (CUDA graphs)
-    overlap_steps: str = field(default="auto", metadata=SWITCH)  # read metrics after queuing the next step
-    batched_grad_copy: str = field(default="auto", metadata=SWITCH)  # DDP: copies gradients per bucket
-    pad_to_multiple: int | None = None  # batch lengths rounded up to it; null: 8 under CUDA graphs, else 1
+    # Speed and memory means (prismatic/conf/speed.py): how the run goes fast and fits, not what it trains. Every
+    # `auto` is decided in `prismatic/training/speed_plan.py`; the run folder's speed_plan.json says what it became.
+    speed: SpeedConfig = field(default_factory=SpeedConfig)  # --vla.speed.*: compile, checkpointing, ...
 
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
@@ -168,28 +144,13 @@ class VLAConfig(ChoiceRegistry):
             ("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS),
             ("train_strategy", self.train_strategy, (AUTO, *TRAIN_STRATEGIES)),
             ("action_head", self.action_head, ACTION_HEADS),
-            ("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLEMENTATIONS),
-            ("logits_at_labels", self.logits_at_labels, SPEED_SWITCHES),
-            ("causal_mask_only", self.causal_mask_only, SPEED_SWITCHES),
-            ("compile", self.compile, SPEED_SWITCHES),
-            ("compile_mode", self.compile_mode, ("auto", *COMPILE_MODES)),
-            ("overlap_steps", self.overlap_steps, SPEED_SWITCHES),
-            ("batched_grad_copy", self.batched_grad_copy, SPEED_SWITCHES),
         ):
             if value not in choices:
                 raise ConfigError(
                     f"Unknown {name} '{value}' (--vla.{name}).{did_you_mean(value, choices)} Valid choices: "
                     f"{', '.join(choices)}."
                 )
-        if self.checkpointing_policy != "auto" and checkpointing_stride(self.checkpointing_policy) is None:
-            raise ConfigError(
-                f"Unknown checkpointing_policy '{self.checkpointing_policy}' (--vla.checkpointing_policy). full "
-                "recomputes every LLM decoder layer in the backward pass, selective-ops all of it but the matmul "
-                "and attention outputs, every-N the whole of layers 0, N, 2N, ... (N an integer >= 1), auto "
-                "selective-ops for LoRA on GPUs where it fits and full elsewhere."
-                f"{did_you_mean(self.checkpointing_policy, CHECKPOINTING_POLICIES[:3])} Valid choices: "
-                f"{', '.join(CHECKPOINTING_POLICIES)}."
-            )
+        self.speed.check_values()
         for name in (
             "per_device_batch_size",
             "global_batch_size",
@@ -209,22 +170,11 @@ class VLAConfig(ChoiceRegistry):
                 f"--vla.num_steps_before_decay={self.num_steps_before_decay} is out of range: it must be an integer "
                 ">= 1 (optimiser steps at the peak learning rate before step-decay divides it by 10)."
             )
-        if self.pad_to_multiple is not None and self.pad_to_multiple < 1:
-            raise ConfigError(
-                f"--vla.pad_to_multiple={self.pad_to_multiple} is out of range: it must be an integer >= 1 (each "
-                "batch's token length is rounded up to a multiple of it; 1 pads to the longest sequence only), or "
-                "null for the default (8 where the compiled blocks replay CUDA graphs, else 1)."
-            )
         if self.lr_scheduler_type == "step-decay" and self.num_steps_before_decay is None:
             raise ConfigError(
                 "--vla.lr_scheduler_type step-decay needs --vla.num_steps_before_decay: the optimiser steps at the "
                 "peak learning rate before it drops to a tenth (OpenVLA-OFT's LIBERO recipe: 100000). Pass it, or "
                 "choose another schedule: constant or linear-warmup+cosine-decay."
-            )
-        if self.prefetch_batches < 0:
-            raise ConfigError(
-                f"--vla.prefetch_batches={self.prefetch_batches} is out of range: it must be an integer >= 0 (the "
-                "batches a background thread makes ahead of the training step; 0 makes them on the step's thread)."
             )
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(
@@ -256,9 +206,9 @@ class VLAConfig(ChoiceRegistry):
         offloads = self.train_strategy == AUTO or TRAIN_STRATEGIES.fact(
             self.train_strategy, "cpu_offload", False
         )
-        if self.cpu_offload and not offloads:
+        if self.speed.cpu_offload and not offloads:
             raise ConfigError(
-                f"--vla.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not "
+                f"--vla.speed.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not "
                 f"--vla.train_strategy {self.train_strategy}. Valid choices with offload: {AUTO} (it picks FSDP "
                 f"then), {', '.join(s for s in TRAIN_STRATEGIES if TRAIN_STRATEGIES.fact(s, 'cpu_offload', False))}."
             )
@@ -283,8 +233,10 @@ _PRESETS: dict[str, dict[str, Any]] = {}
 def register_vla(vla_id: str, parent: str | None = None, **overrides: Any) -> type[VLAConfig]:
     """Register experiment `vla_id` as `parent`'s values (or the `VLAConfig` defaults) plus `overrides`.
 
-    Returns the generated dataclass, which `--vla.type vla_id` selects. Raises on a duplicate id or an unknown
-    field, so a typo in a preset fails at import rather than silently training the wrong thing.
+    `speed={"compile": "on", ...}` sets speed switches (`SpeedConfig` fields) over the parent's: a preset names the
+    recipe, and the few speed means it needs, in one call. Returns the generated dataclass, which `--vla.type vla_id`
+    selects. Raises on a duplicate id or an unknown field, so a typo in a preset fails at import rather than silently
+    training the wrong thing.
     """
     if vla_id in _PRESETS:
         raise ValueError(f"VLA id '{vla_id}' is registered twice.")
@@ -292,14 +244,24 @@ def register_vla(vla_id: str, parent: str | None = None, **overrides: Any) -> ty
     unknown = set(overrides) - {f.name for f in dataclasses.fields(VLAConfig)}
     if unknown:
         raise ValueError(f"VLA preset '{vla_id}' sets unknown fields {sorted(unknown)}.")
-    values.update(overrides, vla_id=vla_id)
+    speed = overrides.pop("speed", {})
+    if not isinstance(speed, Mapping):
+        raise ValueError(
+            f"VLA preset '{vla_id}' sets speed={speed!r}: pass the switches it changes as a mapping, e.g. "
+            'speed={"compile": "on"}.'
+        )
+    values.update(overrides, vla_id=vla_id, speed={**values.get("speed", {}), **speed})
+    speed_class = speed_config_class(vla_id, values["speed"])
     _PRESETS[vla_id] = values
     hints = typing.get_type_hints(VLAConfig)
     base_fields = {f.name: f for f in dataclasses.fields(VLAConfig)}
     fields = [
         (name, hints[name], dataclasses.field(default=value, metadata=base_fields[name].metadata))
         for name, value in values.items()
+        if name != "speed"
     ]
+    # A preset's switches are its speed class's defaults (`speed_config_class`): a `--vla.speed.*` flag keeps them.
+    fields.append(("speed", speed_class, dataclasses.field(default_factory=speed_class)))
     class_name = "VLA_" + "".join(c if c.isalnum() else "_" for c in vla_id)
     cls = dataclasses.make_dataclass(class_name, fields, bases=(VLAConfig,))
     cls.__module__ = __name__

@@ -144,7 +144,7 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
 
 
 def apply_llm_activation_checkpointing(vlm: PrismaticVLM, policy: str = "full") -> int:
-    """Recompute LLM decoder layers' activations in the backward pass, as `policy` (`--vla.checkpointing_policy`)
+    """Recompute LLM decoder layers' activations in the backward pass, as `policy` (`--vla.speed.checkpointing_policy`)
     says: `full` every layer whole; `selective-ops` every layer but the outputs of its matmuls and attention
     kernels, which are kept (their FLOPs are not paid twice; the elementwise activations are not stored);
     `every-N` the whole of layers 0, N, 2N, ...; the others keep all their activations.
@@ -153,7 +153,7 @@ def apply_llm_activation_checkpointing(vlm: PrismaticVLM, policy: str = "full") 
     checkpoint keys. Call before `compile_blocks` and `apply_fsdp`. Returns the number of layers wrapped.
 
     Raises:
-        ValueError: `policy` is none of `--vla.checkpointing_policy`'s values (the config refuses those first).
+        ValueError: `policy` is none of `--vla.speed.checkpointing_policy`'s values (the config refuses those first).
     """
     every = checkpointing_stride(policy)
     if every is None:
@@ -186,7 +186,7 @@ def running_blocks(vlm: PrismaticVLM) -> list[torch.nn.Module]:
 def compile_blocks(vlm: PrismaticVLM, compile_kwargs: Mapping[str, Any] | None = None) -> int:
     """`torch.compile` the `forward` of every LLM decoder layer and every ViT block that runs, in place (the modules,
     their parameters and checkpoint keys stay as they are), with `compile_kwargs` (`COMPILE_MODES`' entry of
-    `--vla.compile_mode`). Returns the number compiled.
+    `--vla.speed.compile_mode`). Returns the number compiled.
 
     Per block, not the whole model (torchtitan's way): the blocks of a stack share one compiled graph, and a graph
     break in the glue between blocks costs nothing. Only `forward` is compiled, never the module's call: FSDP2's

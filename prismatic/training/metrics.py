@@ -76,7 +76,7 @@ class StepMetrics:
         """Queue the step's all-reduce and its copy to the host, and start the next step's sums; nothing waits.
 
         `result()` on the returned object waits for this step's work alone, so a loop can queue the next step
-        first (`--vla.overlap_steps`) and the device never idles while the host logs or makes the next batch.
+        first (`--vla.speed.overlap_steps`) and the device never idles while the host logs or makes the next batch.
         """
         extra = []
         if also_sum is not None:

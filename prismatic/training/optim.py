@@ -1,6 +1,6 @@
 """AdamW with decay only on matrices (not biases / norms / 1-D params) and the two LR schedules.
 
-AdamW's implementation (`--vla.optimizer_impl`): torch picks its foreach kernels only for plain tensors, so with
+AdamW's implementation (`--vla.speed.optimizer_impl`): torch picks its foreach kernels only for plain tensors, so with
 FSDP2's DTensor parameters it falls back to a Python loop over every trainable tensor (two host syncs each per
 step on CUDA). `auto` asks for the fused kernel on CUDA and keeps torch's own choice on CPU, where earlier runs'
 numbers stay as they were (`prismatic.training.speed_plan.adamw_implementation` decides).

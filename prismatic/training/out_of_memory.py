@@ -27,7 +27,7 @@ def out_of_memory_message(torch_message: str, rank: int, where: str, vla: VLACon
     replicates = TRAIN_STRATEGIES.fact(strategy, "replicates", False)
     chosen = " (chosen by --vla.train_strategy auto)" if "train_strategy" in plan.chosen_by_auto else ""
     resolved = (
-        " (chosen by --vla.checkpointing_policy auto)"
+        " (chosen by --vla.speed.checkpointing_policy auto)"
         if "checkpointing_policy" in plan.chosen_by_auto
         else ""
     )
@@ -44,7 +44,7 @@ def out_of_memory_message(torch_message: str, rank: int, where: str, vla: VLACon
     if policy is None:
         ways.append("--vla.enable_gradient_checkpointing true")
     elif policy != "full":
-        ways.append("--vla.checkpointing_policy full (recomputes every layer, keeps the least)")
+        ways.append("--vla.speed.checkpointing_policy full (recomputes every layer, keeps the least)")
     if replicates and (world > 1 or not vla.use_lora):
         ways.append(
             "--vla.train_strategy fsdp-full-shard (DDP keeps a full replica of the model on every GPU; FSDP2 "
@@ -55,10 +55,12 @@ def out_of_memory_message(torch_message: str, rank: int, where: str, vla: VLACon
                 "docs/performance.md)"
             )
         )
-    if TRAIN_STRATEGIES.fact(strategy, "cpu_offload", False) and not vla.cpu_offload:
-        ways.append("--vla.cpu_offload true (sharded weights, gradients and AdamW state in host memory)")
+    if TRAIN_STRATEGIES.fact(strategy, "cpu_offload", False) and not vla.speed.cpu_offload:
+        ways.append(
+            "--vla.speed.cpu_offload true (sharded weights, gradients and AdamW state in host memory)"
+        )
     if plan.cuda_graphs:
-        ways.append("--vla.compile_mode default (CUDA graphs keep memory pools of their own)")
+        ways.append("--vla.speed.compile_mode default (CUDA graphs keep memory pools of their own)")
     if not ways:
         ways.append("a GPU with more memory (every flag above is already at its least)")
     return (

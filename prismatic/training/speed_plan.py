@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from prismatic.conf.registries import AUTO, TRAIN_STRATEGIES
-from prismatic.conf.vla import COMPILE_MODES, OPTIMIZER_IMPLEMENTATIONS, VLAConfig
+from prismatic.conf.speed import COMPILE_MODES, OPTIMIZER_IMPLEMENTATIONS
+from prismatic.conf.vla import VLAConfig
 from prismatic.models.parallelize import bf16_supported
 from prismatic.util.dist import first_over_ranks
 from prismatic.util.errors import ConfigError
@@ -106,11 +107,11 @@ def speed_switch(value: str, device: Any) -> bool:
 
 
 def adamw_implementation(choice: str, device: Any) -> str:
-    """The AdamW implementation `--vla.optimizer_impl` means on `device`: `auto` is fused on CUDA (torch would fall
-    back to a Python loop over FSDP2's DTensor parameters) and torch's default ("default") elsewhere."""
+    """The AdamW implementation `--vla.speed.optimizer_impl` means on `device`: `auto` is fused on CUDA (torch would
+    fall back to a Python loop over FSDP2's DTensor parameters) and torch's default ("default") elsewhere."""
     if choice not in OPTIMIZER_IMPLEMENTATIONS:
         raise ConfigError(
-            f"Unknown optimizer_impl '{choice}' (--vla.optimizer_impl). Valid choices: "
+            f"Unknown optimizer_impl '{choice}' (--vla.speed.optimizer_impl). Valid choices: "
             f"{', '.join(OPTIMIZER_IMPLEMENTATIONS)}."
         )
     if choice == AUTO:
@@ -119,9 +120,9 @@ def adamw_implementation(choice: str, device: Any) -> str:
 
 
 def batched_grad_copy(vla: VLAConfig, device: Any) -> bool:
-    """Whether DDP copies gradients into its buckets a bucket at a time (`--vla.batched_grad_copy`, a speed switch),
-    where this torch has it. The buckets hold the same sums: dividing by the world size after the copy instead of
-    multiplying by its inverse during it is exact for powers of two.
+    """Whether DDP copies gradients into its buckets a bucket at a time (`--vla.speed.batched_grad_copy`, a speed
+    switch), where this torch has it. The buckets hold the same sums: dividing by the world size after the copy instead
+    of multiplying by its inverse during it is exact for powers of two.
 
     Raises:
         ConfigError: `on` with a torch whose DDP lacks it.
@@ -129,25 +130,25 @@ def batched_grad_copy(vla: VLAConfig, device: Any) -> bool:
     # lazy: the strategies' package builds strategies from plans made here
     from prismatic.training.strategies import ddp
 
-    if vla.batched_grad_copy == "on" and not ddp.HAS_BATCHED_GRAD_COPY:
+    if vla.speed.batched_grad_copy == "on" and not ddp.HAS_BATCHED_GRAD_COPY:
         raise ConfigError(
-            f"--vla.batched_grad_copy on needs DDP's batched_grad_copy, which torch {torch.__version__} does not "
-            "have (torch >= 2.12 has it; `make install` pins 2.14.1). Use --vla.batched_grad_copy auto "
+            f"--vla.speed.batched_grad_copy on needs DDP's batched_grad_copy, which torch {torch.__version__} does not "
+            "have (torch >= 2.12 has it; `make install` pins 2.14.1). Use --vla.speed.batched_grad_copy auto "
             "(on where torch has it) or off."
         )
-    return ddp.HAS_BATCHED_GRAD_COPY and speed_switch(vla.batched_grad_copy, device)
+    return ddp.HAS_BATCHED_GRAD_COPY and speed_switch(vla.speed.batched_grad_copy, device)
 
 
 def check_cpu_offload(cpu_offload: bool, device: Any) -> None:
-    """Refuse `--vla.cpu_offload` unless training runs on CUDA devices (`device`: where this rank computes)."""
+    """Refuse `--vla.speed.cpu_offload` unless training runs on CUDA devices (`device`: where this rank computes)."""
     if cpu_offload and not _is_cuda(device):
         raise ConfigError(
-            f"--vla.cpu_offload true needs CUDA GPUs, but this run would train on "
+            f"--vla.speed.cpu_offload true needs CUDA GPUs, but this run would train on "
             f"'{getattr(device, 'type', device)}' (no CUDA device is visible). CPU offload keeps FSDP's sharded "
             "parameters, gradients and optimizer state in host memory and copies each layer to the GPU only while it "
             "computes, so that a model too large for the GPUs' memory (a 7B VLA on 24 GB cards) still trains; "
-            "without a GPU everything already lives in host memory. Run without it: drop --vla.cpu_offload (or pass "
-            "--vla.cpu_offload false)."
+            "without a GPU everything already lives in host memory. Run without it: drop --vla.speed.cpu_offload (or "
+            "pass --vla.speed.cpu_offload false)."
         )
 
 
@@ -162,18 +163,18 @@ def plan_flags(
     Raises:
         ConfigError: naming the flag, why it cannot run here and what can.
     """
-    check_cpu_offload(vla.cpu_offload, device)
+    check_cpu_offload(vla.speed.cpu_offload, device)
     strategy = choose_train_strategy(vla, world_size, device, ddp_fits=lambda: True, sharding=sharding)
     blocks_compile_mode(vla, strategy, world_size, device, grad_sync)
     return FlagPlan(
         device=getattr(device, "type", device),
         world_size=world_size,
         grad_accumulation_steps=vla.grad_accumulation_steps(world_size),
-        optimizer_impl=adamw_implementation(vla.optimizer_impl, device),
-        logits_at_labels=speed_switch(vla.logits_at_labels, device),
-        causal_mask_only=speed_switch(vla.causal_mask_only, device),
-        overlap_steps=speed_switch(vla.overlap_steps, device),
-        prefetch_batches=vla.prefetch_batches,
+        optimizer_impl=adamw_implementation(vla.speed.optimizer_impl, device),
+        logits_at_labels=speed_switch(vla.speed.logits_at_labels, device),
+        causal_mask_only=speed_switch(vla.speed.causal_mask_only, device),
+        overlap_steps=speed_switch(vla.speed.overlap_steps, device),
+        prefetch_batches=vla.speed.prefetch_batches,
         batched_grad_copy=batched_grad_copy(vla, device),
     )
 
@@ -200,7 +201,7 @@ def choose_train_strategy(
     """
     if vla.train_strategy != AUTO:
         return vla.train_strategy
-    if not _is_cuda(device) or vla.cpu_offload:
+    if not _is_cuda(device) or vla.speed.cpu_offload:
         return "fsdp-full-shard"
     if world_size == 1:
         return "ddp" if vla.use_lora or ddp_fits() else "fsdp-full-shard"
@@ -208,7 +209,7 @@ def choose_train_strategy(
 
 
 def compiles(vla: VLAConfig, device: Any, strategy: str) -> bool:
-    """Whether `--vla.compile` compiles the blocks of a run on `device` under `strategy` (a registered name).
+    """Whether `--vla.speed.compile` compiles the blocks of a run on `device` under `strategy` (a registered name).
 
     `auto` compiles on CUDA where compiling was measured faster: LoRA runs, runs without activation checkpointing,
     and full fine-tunes under the strategies registered with `compiles_full_fine_tune=True` (DDP). A full
@@ -219,14 +220,14 @@ def compiles(vla: VLAConfig, device: Any, strategy: str) -> bool:
         or not vla.enable_gradient_checkpointing
         or TRAIN_STRATEGIES.fact(strategy, "compiles_full_fine_tune", False)
     )
-    return speed_switch(vla.compile, device) and (vla.compile == "on" or measured_faster)
+    return speed_switch(vla.speed.compile, device) and (vla.speed.compile == "on" or measured_faster)
 
 
 def blocks_compile_mode(
     vla: VLAConfig, strategy: str, world_size: int, device: Any, grad_sync: str = AUTO
 ) -> str | None:
-    """How a run under `strategy` on `world_size` processes compiles its blocks: None where `--vla.compile` leaves
-    them eager (`compiles`), else the `COMPILE_MODES` name of `--vla.compile_mode`.
+    """How a run under `strategy` on `world_size` processes compiles its blocks: None where `--vla.speed.compile` leaves
+    them eager (`compiles`), else the `COMPILE_MODES` name of `--vla.speed.compile_mode`.
 
     `auto` replays the blocks from CUDA graphs (`reduce-overhead`) on CUDA wherever replaying is safe (below), and
     launches them one by one (`default`) elsewhere: replayed, the host no longer keeps the GPU waiting.
@@ -252,23 +253,23 @@ def blocks_compile_mode(
             f"--grad_sync step keeps the gradients of {accumulation} micro-batches in the graphs' memory until the "
             "step ends"
         )
-    if vla.compile_mode == AUTO:
+    if vla.speed.compile_mode == AUTO:
         return "reduce-overhead" if _is_cuda(device) and not problems else "default"
-    if vla.compile_mode == "reduce-overhead" and problems:
+    if vla.speed.compile_mode == "reduce-overhead" and problems:
         raise ConfigError(
-            "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
+            "--vla.speed.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
             "(--vla.train_strategy ddp, or auto: LoRA on GPUs, a full fine-tune on one GPU where it fits) with "
             "gradients reduced after every micro-batch "
             "(--grad_sync auto or micro-batch), but "
             + " and ".join(problems)
-            + ". Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."
+            + ". Use --vla.speed.compile_mode auto or default, or DDP with --grad_sync auto."
         )
-    return vla.compile_mode
+    return vla.speed.compile_mode
 
 
 def choose_checkpointing_policy(vla: VLAConfig, vlm: PrismaticVLM, device: Any, mixed_precision: bool) -> str:
-    """The policy a run recomputes by: `vla.checkpointing_policy`, or for `auto` `selective-ops` where the run is a
-    LoRA run on CUDA and, on every rank, what it needs with the matmul outputs kept fits the GPU
+    """The policy a run recomputes by: `vla.speed.checkpointing_policy`, or for `auto` `selective-ops` where the run is
+    a LoRA run on CUDA and, on every rank, what it needs with the matmul outputs kept fits the GPU
     (`activation_memory.selective_ops_shortfall`); `full` otherwise, and on CPU. A full fine-tune has not been
     measured faster with `selective-ops`, and keeps `full`.
     Collective on CUDA for a LoRA run (the ranks agree): call it on every rank."""
@@ -276,8 +277,8 @@ def choose_checkpointing_policy(vla: VLAConfig, vlm: PrismaticVLM, device: Any, 
         activation_memory,
     )  # lazy: it reads the model's structure (torch)
 
-    if vla.checkpointing_policy != AUTO:
-        return vla.checkpointing_policy
+    if vla.speed.checkpointing_policy != AUTO:
+        return vla.speed.checkpointing_policy
     device = torch.device(device)
     if device.type != "cuda" or not vla.use_lora or not vla.enable_gradient_checkpointing:
         return "full"
@@ -285,7 +286,7 @@ def choose_checkpointing_policy(vla: VLAConfig, vlm: PrismaticVLM, device: Any, 
     found = first_over_ranks(short)
     policy = "full" if found is not None else "selective-ops"
     logger.info(
-        "--vla.checkpointing_policy auto: %s (selective-ops keeps %.1f GB of activations for %d tokens per rank; "
+        "--vla.speed.checkpointing_policy auto: %s (selective-ops keeps %.1f GB of activations for %d tokens per rank; "
         "%s).",
         policy,
         kept / 1e9,
@@ -335,9 +336,9 @@ def choose_grad_sync(
     - any other strategy: once per step.
     """
     shards = TRAIN_STRATEGIES.fact(strategy, "cpu_offload", False)
-    if shards and vla.cpu_offload and grad_sync == "step":
+    if shards and vla.speed.cpu_offload and grad_sync == "step":
         logger.warning(
-            "--grad_sync step with --vla.cpu_offload: the unsharded gradients stay on the GPU between "
+            "--grad_sync step with --vla.speed.cpu_offload: the unsharded gradients stay on the GPU between "
             "micro-batches; --grad_sync auto (or micro-batch) keeps them sharded in host memory instead."
         )
     if grad_sync != AUTO:
@@ -346,9 +347,9 @@ def choose_grad_sync(
         return "micro-batch" if compile_mode == "reduce-overhead" else "step"
     if not shards:
         return "step"
-    if vla.cpu_offload:
+    if vla.speed.cpu_offload:
         logger.info(
-            "--grad_sync auto with --vla.cpu_offload: reduce-scatter every micro-batch (gradients accumulate "
+            "--grad_sync auto with --vla.speed.cpu_offload: reduce-scatter every micro-batch (gradients accumulate "
             "sharded in host memory)"
         )
         return "micro-batch"
@@ -366,7 +367,7 @@ def choose_grad_sync(
 
 def pad_multiple(pad_to_multiple: int | None, compile_mode: str | None) -> int:
     """The multiple each batch's token length is rounded up to (the collator's `pad_to_multiple_of`):
-    `--vla.pad_to_multiple`, or where that is null `CUDA_GRAPH_LENGTH_MULTIPLE` if the blocks are to replay CUDA
+    `--vla.speed.pad_to_multiple`, or where that is null `CUDA_GRAPH_LENGTH_MULTIPLE` if the blocks are to replay CUDA
     graphs, else 1. Padding changes nothing beyond float rounding: its labels are ignored and causal attention keeps
     it from every real token."""
     if pad_to_multiple is not None:
@@ -395,10 +396,10 @@ def resolve_speed_plan(
     """
     device, world = dist_info.device, dist_info.world_size
     flags = flags or plan_flags(vla, world, device, grad_sync=grad_sync, sharding=sharding)
-    chosen = [
+    chosen = ["train_strategy"] if vla.train_strategy == AUTO else []
+    chosen += [
         name
         for name in (
-            "train_strategy",
             "optimizer_impl",
             "logits_at_labels",
             "causal_mask_only",
@@ -408,7 +409,7 @@ def resolve_speed_plan(
             "compile_mode",
             "checkpointing_policy",
         )
-        if getattr(vla, name) == AUTO
+        if getattr(vla.speed, name) == AUTO
     ]
     mixed_precision = vla.enable_mixed_precision_training and bf16_supported(device)
     if vla.enable_mixed_precision_training and not mixed_precision:
@@ -442,7 +443,7 @@ def resolve_speed_plan(
         compile_mode=compile_mode,
         checkpointing_policy=checkpointing,
         grad_sync=choose_grad_sync(grad_sync, strategy, vla, vlm, device, world, compile_mode),
-        pad_to_multiple=pad_multiple(vla.pad_to_multiple, compile_mode),
+        pad_to_multiple=pad_multiple(vla.speed.pad_to_multiple, compile_mode),
         chosen_by_auto=tuple(chosen),
     )
 

@@ -5,7 +5,7 @@ Everything it calls is swappable without touching it: the strategy (FSDP2 / DDP)
 and clipped, the action head computes the loss, the checkpoint manager decides when and how to save. Counters
 (step, epoch, frames consumed over all ranks) live in one dict that the checkpoint reads, so a checkpoint always
 holds the position the loop is at. Host syncs: one per step by design (reading the metrics' all-reduce, which also
-carries the ranks' preemption votes; with `--vla.overlap_steps` after the next step is queued); nothing in a step
+carries the ranks' preemption votes; with `--vla.speed.overlap_steps` after the next step is queued); nothing in a step
 (`train_step`) waits for the device.
 """
 
@@ -63,7 +63,7 @@ class LoopPlan:
     global_batch_size: int  # frames consumed per step over all ranks
     eval_interval: int | None
     show_progress: bool = True
-    overlap_steps: bool = False  # read a step's metrics after queuing the next (`--vla.overlap_steps`)
+    overlap_steps: bool = False  # read a step's metrics after queuing the next (`--vla.speed.overlap_steps`)
 
 
 def train_step(

@@ -1,5 +1,5 @@
-"""The grammar of `--vla.checkpointing_policy`: its values and what each recomputes, read by the config (to refuse a
-bad value while parsing) and by the model's sharding code (`prismatic.models.parallelize`, to apply it). Torch-free,
+"""The grammar of `--vla.speed.checkpointing_policy`: its values and what each recomputes, read by the config (to refuse
+a bad value while parsing) and by the model's sharding code (`prismatic.models.parallelize`, to apply it). Torch-free,
 so the config layer can use it before torch loads; neither side imports the other for it.
 """
 
@@ -10,7 +10,7 @@ CHECKPOINTING_POLICIES = ("auto", "full", "selective-ops", "every-N (N >= 1)")
 
 
 def checkpointing_stride(policy: str) -> int | None:
-    """Every how many LLM decoder layers `--vla.checkpointing_policy` checkpoints one: N for `every-N`, 1 for
+    """Every how many LLM decoder layers `--vla.speed.checkpointing_policy` checkpoints one: N for `every-N`, 1 for
     `full` and `selective-ops` (all of them); None when `policy` is none of its values."""
     if policy in ("full", "selective-ops"):
         return 1

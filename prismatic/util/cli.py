@@ -22,6 +22,8 @@ and so gets the same flag grammar, help and error handling:
   `--vla.*` flags alone override the default preset.
 - `--config_path file.yaml` reads fields from a YAML file (e.g. a run's `config.yaml`); flags override it.
   `--plugins a.b` imports modules first (`prismatic.models.registry.import_plugins`).
+- A config class's `MOVED_FLAGS` (old dotted name -> new) reads a file written before a field moved under its old
+  name (a run folder's config.yaml from before `vla.speed`); typed as a flag, the old name is answered with the new.
 - Help (`prismatic.util.cli_help`): a field's one-line description is its inline comment, or the docstring under
   it; a comment above a field that has one of those opens a group of flags titled by that comment (above a field
   without either, the comment is the field's description).
@@ -131,11 +133,17 @@ def parse_config(
     choices = _resolve_choices(config_class, pairs, file_data, file_source)
 
     flags = {flag.name: flag for flag in config_flags(config_class, choices)}
+    moved: Mapping[str, str] = getattr(config_class, "MOVED_FLAGS", {})  # old dotted name -> new name
     given: dict[str, _Given] = {}
-    _flatten_file(file_data, flags, file_source, "", given)
+    _flatten_file(file_data, flags, file_source, "", given, moved)
     for name, values in pairs:
         if name == CONFIG_PATH:
             continue
+        if name in moved and name not in flags:
+            raise ConfigError(
+                f"--{name} is now --{moved[name]} ({COMMAND_LINE}): pass the same value as --{moved[name]}. Run "
+                "with --help to list every flag."
+            )
         if name not in flags:
             raise ConfigError(
                 f"Unknown flag --{name} ({COMMAND_LINE}).{did_you_mean(f'--{name}', [f'--{n}' for n in flags])}"
@@ -272,9 +280,16 @@ def _resolve_choices(
 
 
 def _flatten_file(
-    data: Mapping[str, Any], flags: Mapping[str, Flag], source: str, prefix: str, out: dict[str, _Given]
+    data: Mapping[str, Any],
+    flags: Mapping[str, Flag],
+    source: str,
+    prefix: str,
+    out: dict[str, _Given],
+    moved: Mapping[str, str],
 ) -> None:
-    """Config-file mapping -> dotted leaves in `out`; unknown keys and non-mappings for groups are errors."""
+    """Config-file mapping -> dotted leaves in `out`; unknown keys and non-mappings for groups are errors. A key
+    under an older name (`moved`: old dotted name -> new, e.g. a run folder's config.yaml from before a field
+    moved into a group) is read as its new name, unless the file also gives the new one."""
     groups = {name.rsplit(".", i)[0] for name in flags for i in range(1, name.count(".") + 1)}
     for key, value in data.items():
         name = f"{prefix}{key}"
@@ -286,7 +301,9 @@ def _flatten_file(
                     f"'{name}' {source} is {show_value(value)}, but it must be a mapping of its fields (e.g. "
                     f"{name}: {{{CHOICE_KEY}: <preset>, ...}})."
                 )
-            _flatten_file(value, flags, source, f"{name}.", out)
+            _flatten_file(value, flags, source, f"{name}.", out, moved)
+        elif moved.get(name) in flags:
+            out.setdefault(moved[name], _Given(value, source, from_text=False))
         else:
             known = [n for n in flags if n.startswith(prefix)]
             raise ConfigError(

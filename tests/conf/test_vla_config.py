@@ -110,13 +110,13 @@ def test_train_strategy_auto_is_the_default_and_refuses_no_offload():
     assert get_vla_config("prism-dinosiglip-224px+mx-oxe-magic-soup-plus").train_strategy == "auto"
     assert get_vla_config("openvla-7b+libero_spatial").train_strategy == "ddp"  # OpenVLA's LIBERO recipe: DDP
     vla = get_vla_config("tiny+mx-toy")
-    vla.cpu_offload = True
+    vla.speed.cpu_offload = True
     vla.check_values()
     vla.train_strategy = "ddp"
     with pytest.raises(ConfigError) as err:
         vla.check_values()
     assert str(err.value) == (
-        "--vla.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not --vla.train_strategy ddp. "
+        "--vla.speed.cpu_offload true needs an FSDP strategy (FSDP2's offload policy), not --vla.train_strategy ddp. "
         "Valid choices with offload: auto (it picks FSDP then), fsdp-full-shard, fsdp-shard-grad-op."
     )
     vla = get_vla_config("tiny+mx-toy")

@@ -1,6 +1,6 @@
 """Training's CUDA paths on one GPU: NCCL, FSDP2 + bf16 + accumulation in both `--grad_sync` modes, CPU offload,
-DDP + autocast, LoRA with its blocks compiled (`--vla.compile auto`, and each `--vla.compile_mode`), validation
-between steps replayed from CUDA graphs, a step's host syncs. Each step runs through
+DDP + autocast, LoRA with its blocks compiled (`--vla.speed.compile auto`, and each `--vla.speed.compile_mode`),
+validation between steps replayed from CUDA graphs, a step's host syncs. Each step runs through
 `get_train_strategy(...).setup()` and training's own `train_loop` (or its `train_step`), and its loss and gradient
 norm are checked against the same steps on the CPU in FP32 (`gpu_setup.reference_steps`).
 
@@ -28,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.strategies import ddp as ddp_strategy
 from prismatic.training.trainer import train_step
@@ -90,7 +91,7 @@ def test_fsdp_bf16_accumulation_step_matches_cpu(process_group: DistInfo, grad_s
 
 def test_cpu_offload_step(cuda_device: torch.device, process_group: DistInfo) -> None:
     """Pinned host shards, clipping that bites, one optimizer step that changes the host weights."""
-    vla = tiny_vla(train_strategy="fsdp-full-shard", cpu_offload=True, max_grad_norm=1e-3)
+    vla = tiny_vla(train_strategy="fsdp-full-shard", speed=SpeedConfig(cpu_offload=True), max_grad_norm=1e-3)
     built = build(vla, process_group)  # --grad_sync auto: every micro-batch under offload
     strategy = built.strategy
     assert strategy.sync_every_micro_batch
@@ -122,9 +123,9 @@ def test_cpu_offload_step(cuda_device: torch.device, process_group: DistInfo) ->
 @pytest.mark.parametrize("copies", ["auto", "off"])
 def test_ddp_autocast_step_matches_cpu(process_group: DistInfo, copies: str) -> None:
     """DDP + bf16 autocast against the CPU reference, with DDP's gradient copies as `auto` makes them on CUDA (a
-    bucket at a time, where this torch has `batched_grad_copy`) and one by one. Eager (`--vla.compile auto` compiles
-    a full fine-tune under DDP on CUDA): the hook that records the compute dtype is not traced into a graph."""
-    vla = tiny_vla(train_strategy="ddp", batched_grad_copy=copies, compile="off")
+    bucket at a time, where this torch has `batched_grad_copy`) and one by one. Eager (`--vla.speed.compile auto`
+    compiles a full fine-tune under DDP on CUDA): the hook that records the compute dtype is not traced into a graph."""
+    vla = tiny_vla(train_strategy="ddp", speed=SpeedConfig(batched_grad_copy=copies, compile="off"))
     built = build(vla, process_group, grad_sync="step")
     strategy = built.strategy
     assert type(strategy.model) is DistributedDataParallel and strategy.mixed_precision
@@ -149,11 +150,13 @@ def test_auto_trains_under_ddp_on_one_gpu_and_under_fsdp2_where_ddp_would_not_fi
 ) -> None:
     """`--vla.train_strategy auto` on one GPU: DDP for LoRA and for a full fine-tune whose DDP peak (two replicas)
     fits the free memory, as the tiny model's does; FSDP2 for one that would not (here: a peak of 10^9 replicas)."""
-    lora = build(tiny_vla(use_lora=True, compile="off"), process_group).strategy
-    full = build(tiny_vla(compile="off"), process_group).strategy
+    lora = build(tiny_vla(use_lora=True, speed=SpeedConfig(compile="off")), process_group).strategy
+    full = build(tiny_vla(speed=SpeedConfig(compile="off")), process_group).strategy
     assert type(lora.model) is DistributedDataParallel and type(full.model) is DistributedDataParallel
     monkeypatch.setattr(ddp_strategy, "DDP_PEAK_REPLICAS", 10**9)
-    assert isinstance(build(tiny_vla(compile="off"), process_group).strategy.model, FSDPModule)
+    assert isinstance(
+        build(tiny_vla(speed=SpeedConfig(compile="off")), process_group).strategy.model, FSDPModule
+    )
 
 
 @pytest.mark.parametrize(
@@ -162,7 +165,7 @@ def test_auto_trains_under_ddp_on_one_gpu_and_under_fsdp2_where_ddp_would_not_fi
 def test_lora_compiles_its_blocks_by_default_and_matches_cpu(
     process_group: DistInfo, strategy_name: str, bf16: bool
 ) -> None:
-    """`--vla.compile auto` compiles a LoRA run's blocks on CUDA (FSDP2 and DDP, the LIBERO presets' strategy,
+    """`--vla.speed.compile auto` compiles a LoRA run's blocks on CUDA (FSDP2 and DDP, the LIBERO presets' strategy,
     activation checkpointing on). In FP32 two steps match the CPU reference; in bf16 the first step does (from the
     second on, AdamW's first step on the zero-initialised LoRA B matrices turns bf16 rounding into full-size
     updates, compiled or not: docs/performance.md)."""
@@ -185,12 +188,12 @@ def test_lora_compiles_its_blocks_by_default_and_matches_cpu(
 def test_compile_modes_train_like_cpu(
     process_group: DistInfo, mode: str, policy: str, n_micro: int, lora: bool
 ) -> None:
-    """`--vla.compile_mode` on the GPU: LoRA and a full fine-tune under DDP, FP32, four steps (CUDA graphs are
+    """`--vla.speed.compile_mode` on the GPU: LoRA and a full fine-tune under DDP, FP32, four steps (CUDA graphs are
     recorded on a block's second call and replayed from its third; with accumulation, DDP reduces every
     micro-batch's gradients out of the graphs' memory) against the CPU reference. Under `reduce-overhead`, and
     `auto` (the default) on CUDA, every compiled graph runs from CUDA graphs: inductor skipped none."""
-    vla = tiny_vla(use_lora=lora, train_strategy="ddp", compile="on", compile_mode=mode)
-    vla.checkpointing_policy, vla.enable_mixed_precision_training = policy, False
+    vla = tiny_vla(use_lora=lora, train_strategy="ddp", speed=SpeedConfig(compile="on", compile_mode=mode))
+    vla.speed.checkpointing_policy, vla.enable_mixed_precision_training = policy, False
     vla.global_batch_size = n_micro * vla.per_device_batch_size
     counts = torch._dynamo.utils.counters["inductor"]
     skips_before = counts["cudagraph_skips"]
@@ -208,7 +211,7 @@ def test_validation_between_steps_matches_cpu(process_group: DistInfo) -> None:
     runs no-grad forwards through the same compiled blocks between training steps, so they record graphs of their
     own, for held-out batches of two padded lengths, and training goes on replaying its own. FP32, three steps,
     validation after each: every loss, gradient norm and held-out loss against the CPU reference."""
-    vla = tiny_vla(use_lora=True, train_strategy="ddp", compile="on", compile_mode="auto")
+    vla = tiny_vla(use_lora=True, train_strategy="ddp", speed=SpeedConfig(compile="on", compile_mode="auto"))
     vla.enable_mixed_precision_training = False
     vla.global_batch_size = vla.per_device_batch_size
     counts = torch._dynamo.utils.counters["inductor"]
@@ -267,7 +270,7 @@ class _SumsHead:
 
 
 def test_a_steps_metrics_wait_for_that_step_alone(cuda_device: torch.device, process_group: DistInfo) -> None:
-    """`--vla.overlap_steps` (on by default on CUDA): `start` queues the all-reduce and the copy to pinned host
+    """`--vla.speed.overlap_steps` (on by default on CUDA): `start` queues the all-reduce and the copy to pinned host
     memory; `result` waits for them, not for the work queued after (the next step), which is still running."""
     metrics = StepMetrics([DATASET], _SumsHead(), cuda_device)
     sums = torch.tensor([[3.0, 4.0]], device=cuda_device)

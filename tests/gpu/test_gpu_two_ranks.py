@@ -2,7 +2,7 @@
 `__main__` is the worker. Each rank joins NCCL through training's `init_distributed`, all-reduces its rank, and takes
 one FSDP2 + bf16 step through the strategy on its own frames; the logged metrics are global, so both ranks must
 report the same loss and gradient norm, and each shards half of every parameter. Then a LoRA run with the default
-`--vla.train_strategy auto` and `--vla.compile auto`: on two GPUs that is DDP with its blocks replayed from CUDA
+`--vla.train_strategy auto` and `--vla.speed.compile auto`: on two GPUs that is DDP with its blocks replayed from CUDA
 graphs (as OpenVLA's LoRA fine-tuning, DDP on every GPU count), two steps on each rank's own frames; both ranks
 report the loss and gradient norm that rank 0's FP32 CPU reference computes from both ranks' frames.
 

@@ -42,9 +42,13 @@ def lora_ddp_steps(one_rank: DistInfo) -> Callable[..., tuple[list[float], Any]]
         torch.manual_seed(0)
         torch._dynamo.reset()
         vla = get_vla_config("tiny+mx-toy")
-        vla.causal_mask_only, vla.use_lora, vla.train_strategy = "on", True, "ddp"
-        vla.compile, vla.compile_mode, vla.enable_mixed_precision_training = compile, compile_mode, False
-        vla.batched_grad_copy = batched_grad_copy
+        vla.speed.causal_mask_only, vla.use_lora, vla.train_strategy = "on", True, "ddp"
+        vla.speed.compile, vla.speed.compile_mode, vla.enable_mixed_precision_training = (
+            compile,
+            compile_mode,
+            False,
+        )
+        vla.speed.batched_grad_copy = batched_grad_copy
         vla.per_device_batch_size, vla.global_batch_size = 2, 4
         vlm = build_vlm(vla, None)
         flags = plan_flags(vla, one_rank.world_size, one_rank.device)

@@ -1,8 +1,8 @@
 """Gradient accumulation and clipping, through the real strategies and `train_loop` on 2 ranks (gloo, CPU, FP32).
 
 For FSDP2 full-shard, FSDP2 shard-grad-op and DDP (gradients copied into its buckets one by one, and a bucket at a
-time with `--vla.batched_grad_copy on`), each with and without LoRA: K micro-batches of B frames per rank must give
-the same optimiser steps as one batch of K * B frames, and both must equal a reference computed in this file
+time with `--vla.speed.batched_grad_copy on`), each with and without LoRA: K micro-batches of B frames per rank must
+give the same optimiser steps as one batch of K * B frames, and both must equal a reference computed in this file
 without any of the code under test: a plain model from the same seed, the loss of each rank's K * B frames
 averaged over the ranks (what data parallelism means), the global gradient norm and clip factor computed by hand,
 and torch's own AdamW. Clipping acts on every step (`max_grad_norm` below every step's norm), and the unclipped
@@ -154,7 +154,7 @@ def _train(
     vla.global_batch_size = K * B * world
     vla.learning_rate, vla.weight_decay, vla.max_grad_norm = LR, WEIGHT_DECAY, MAX_NORM
     vla.lr_scheduler_type, vla.warmup_ratio = "constant", 0.0
-    vla.batched_grad_copy = "on" if batched else "auto"  # auto: off on CPU
+    vla.speed.batched_grad_copy = "on" if batched else "auto"  # auto: off on CPU
     vla.check_values()
 
     vlm = _build(lora, on_meta=rank != 0)  # rank 0 loads, the others receive its weights (as train.py)

@@ -1,5 +1,5 @@
-"""`--vla.checkpointing_policy auto`: `selective-ops` for a LoRA run on CUDA where what it keeps fits the GPU, `full`
-elsewhere. The estimate of what it keeps is checked against the bytes the forward's saved ops (the ops
+"""`--vla.speed.checkpointing_policy auto`: `selective-ops` for a LoRA run on CUDA where what it keeps fits the GPU,
+`full` elsewhere. The estimate of what it keeps is checked against the bytes the forward's saved ops (the ops
 `selective-ops` keeps the outputs of) actually produce inside the decoder layers, counted here with a
 `TorchDispatchMode`; the choice on CUDA is checked with the free memory torch reports replaced."""
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
@@ -126,9 +127,9 @@ def test_tokens_per_sample_counts_patches_action_positions_and_the_prompt() -> N
     [
         ({"use_lora": True}, "cpu", "full"),  # CPU runs as before
         ({}, CUDA, "full"),  # a full fine-tune: not measured faster
-        ({"use_lora": True, "checkpointing_policy": "full"}, CUDA, "full"),
-        ({"checkpointing_policy": "selective-ops"}, "cpu", "selective-ops"),
-        ({"use_lora": True, "checkpointing_policy": "every-2"}, CUDA, "every-2"),
+        ({"use_lora": True, "speed": SpeedConfig(checkpointing_policy="full")}, CUDA, "full"),
+        ({"speed": SpeedConfig(checkpointing_policy="selective-ops")}, "cpu", "selective-ops"),
+        ({"use_lora": True, "speed": SpeedConfig(checkpointing_policy="every-2")}, CUDA, "every-2"),
     ],
 )
 def test_auto_is_selective_ops_for_lora_on_cuda_only_and_a_named_policy_stays(
@@ -159,8 +160,8 @@ def test_auto_on_cuda_keeps_the_matmul_outputs_only_where_they_fit(
         assert choose_checkpointing_policy(vla, vlm, CUDA, mixed_precision=True) == "full"
     chosen = [record.getMessage() for record in caplog.records if record.name == LOGGER]
     assert len(chosen) == 2
-    assert chosen[0].startswith("--vla.checkpointing_policy auto: selective-ops (selective-ops keeps")
-    assert chosen[1].startswith("--vla.checkpointing_policy auto: full (")
+    assert chosen[0].startswith("--vla.speed.checkpointing_policy auto: selective-ops (selective-ops keeps")
+    assert chosen[1].startswith("--vla.speed.checkpointing_policy auto: full (")
     assert f"on rank 0, {need / 1e9:.1f} GB expected" in chosen[1]
 
 
@@ -168,10 +169,10 @@ def test_set_up_wraps_the_layers_as_auto_resolved(
     one_rank: DistInfo, caplog: pytest.LogCaptureFixture
 ) -> None:
     """On CPU `auto` is `full`: plain checkpoint wrappers, and the speed-flags line and the strategy say so."""
-    vla = _vla(use_lora=True, compile="off")
+    vla = _vla(use_lora=True, speed=SpeedConfig(compile="off"))
     vla.enable_mixed_precision_training = False
     vlm, _ = _tiny(vla)
-    assert vla.checkpointing_policy == "auto"
+    assert vla.speed.checkpointing_policy == "auto"
     strategy = get_train_strategy(vlm, vla, one_rank)
     with caplog.at_level(logging.INFO):
         strategy.setup(1)

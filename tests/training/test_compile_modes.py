@@ -1,4 +1,4 @@
-"""`--vla.compile_mode`: how compiled blocks launch their kernels (one by one from inductor's Python wrapper, or
+"""`--vla.speed.compile_mode`: how compiled blocks launch their kernels (one by one from inductor's Python wrapper, or
 replayed from CUDA graphs), and what `auto` picks. On CPU: each mode reaches `torch.compile` and trains the tiny LoRA
 model (DDP, FP32, the LIBERO presets' set-up) as the default mode does; CUDA graphs are refused where a replay would
 be wrong. The GPU side (graphs replayed, losses against the CPU reference) is tests/gpu/test_gpu_training.py's.
@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.training.model_setup import build_vlm as build_training_vlm
 from prismatic.training.speed_plan import blocks_compile_mode
@@ -28,10 +29,10 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 def test_bad_compile_mode_is_refused_with_the_choices() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"Unknown compile_mode 'cudagraphs' \(--vla.compile_mode\)\..* Valid choices: auto, default, "
+        match=r"Unknown compile_mode 'cudagraphs' \(--vla.speed.compile_mode\)\..* Valid choices: auto, default, "
         r"reduce-overhead\.",
     ):
-        VLAConfig(compile_mode="cudagraphs")
+        VLAConfig(speed=SpeedConfig(compile_mode="cudagraphs"))
 
 
 def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None:
@@ -39,17 +40,17 @@ def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None
     step` under accumulation (gradients left in the graphs' memory between micro-batches) are refused, naming
     them; DDP passes, with or without accumulation, and so does a run that compiles nothing."""
     vla = get_vla_config(VLA)
-    vla.use_lora, vla.compile, vla.compile_mode = True, "auto", "reduce-overhead"
+    vla.use_lora, vla.speed.compile, vla.speed.compile_mode = True, "auto", "reduce-overhead"
     vla.per_device_batch_size, vla.global_batch_size = 4, 8
     with pytest.raises(ConfigError) as error:
         blocks_compile_mode(vla, "fsdp-full-shard", 1, CUDA, "step")
     assert str(error.value) == (
-        "--vla.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
+        "--vla.speed.compile_mode reduce-overhead (compiled blocks replayed from CUDA graphs) needs DDP "
         "(--vla.train_strategy ddp, or auto: LoRA on GPUs, a full fine-tune on one GPU where it fits) with "
         "gradients reduced after every micro-batch "
         "(--grad_sync auto or micro-batch), but the strategy is fsdp-full-shard, which frees and re-gathers the "
         "parameters every step and --grad_sync step keeps the gradients of 2 micro-batches in the graphs' memory "
-        "until the step ends. Use --vla.compile_mode auto or default, or DDP with --grad_sync auto."
+        "until the step ends. Use --vla.speed.compile_mode auto or default, or DDP with --grad_sync auto."
     )
     with pytest.raises(ConfigError, match=r"but --grad_sync step keeps the gradients of 2 micro-batches"):
         blocks_compile_mode(vla, "ddp", 1, CUDA, "step")
@@ -63,7 +64,7 @@ def test_cuda_graphs_need_ddp_with_gradients_reduced_every_micro_batch() -> None
     assert (
         blocks_compile_mode(vla, "fsdp-full-shard", 1, CPU, "step") is None
     )  # `auto` compiles nothing on CPU
-    vla.compile_mode = "default"
+    vla.speed.compile_mode = "default"
     assert blocks_compile_mode(vla, "fsdp-full-shard", 1, CUDA, "step") == "default"
 
 
@@ -110,12 +111,12 @@ def test_auto_replays_cuda_graphs_under_ddp_on_cuda(
     compile: str,
     expected: str | None,
 ) -> None:
-    """`--vla.compile_mode auto` (the default) never refuses a run: it replays the blocks from CUDA graphs where that
-    was measured faster and is safe (LoRA or full fine-tune, CUDA, DDP, every micro-batch's gradients reduced out of
-    the graphs' memory), launches them one by one where they compile otherwise, and is None where they stay eager."""
+    """`--vla.speed.compile_mode auto` (the default) never refuses a run: it replays the blocks from CUDA graphs where
+    that was measured faster and is safe (LoRA or full fine-tune, CUDA, DDP, every micro-batch's gradients reduced out
+    of the graphs' memory), launches them one by one where they compile otherwise, and is None where they stay eager."""
     vla = get_vla_config(VLA)
-    vla.use_lora, vla.compile, vla.per_device_batch_size, vla.global_batch_size = lora, compile, 4, 8
-    assert vla.compile_mode == "auto"
+    vla.use_lora, vla.speed.compile, vla.per_device_batch_size, vla.global_batch_size = lora, compile, 4, 8
+    assert vla.speed.compile_mode == "auto"
     assert blocks_compile_mode(vla, strategy, world, device, grad_sync) == expected
 
 
@@ -168,8 +169,8 @@ def test_compile_modes_train_like_the_default(lora_ddp_steps: Any, monkeypatch: 
 def test_a_mode_the_compiler_cannot_run_is_named_in_the_error(
     one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Set-up probes the compiler in the chosen mode: with `--vla.compile on` its failure stops the run, naming the
-    mode and the one left to try."""
+    """Set-up probes the compiler in the chosen mode: with `--vla.speed.compile on` its failure stops the run, naming
+    the mode and the one left to try."""
     probed: list[Any] = []
 
     def problem(device: torch.device, compile_kwargs: Any = None) -> str:
@@ -178,14 +179,15 @@ def test_a_mode_the_compiler_cannot_run_is_named_in_the_error(
 
     monkeypatch.setattr(base, "compiler_problem", problem)
     vla = get_vla_config(VLA)
-    vla.compile, vla.compile_mode, vla.enable_mixed_precision_training = "on", "reduce-overhead", False
+    vla.speed.compile, vla.speed.compile_mode = "on", "reduce-overhead"
+    vla.enable_mixed_precision_training = False
     vla.train_strategy = "ddp"
     vlm = build_training_vlm(vla, None)
     with pytest.raises(ConfigError) as error:
         get_train_strategy(vlm, vla, one_rank).setup(1)
     assert probed == [{"mode": "reduce-overhead"}]
     assert str(error.value).startswith(
-        "--vla.compile on, but torch.compile (--vla.compile_mode reduce-overhead) cannot run on cpu here "
+        "--vla.speed.compile on, but torch.compile (--vla.speed.compile_mode reduce-overhead) cannot run on cpu here "
         "(InductorError: no CUDA graphs here)."
     )
-    assert str(error.value).endswith(", or --vla.compile_mode default.")
+    assert str(error.value).endswith(", or --vla.speed.compile_mode default.")

@@ -1,4 +1,4 @@
-"""`--vla.cpu_offload`: FSDP2's CPUOffloadPolicy on every unit, refused without CUDA, and the offloaded training
+"""`--vla.speed.cpu_offload`: FSDP2's CPUOffloadPolicy on every unit, refused without CUDA, and the offloaded training
 step (mixed precision, gradient clipping, optimizer, sharded checkpoint) in one process.
 
 Real offload needs a GPU; on CPU the policy is still applied (FSDP2 accepts it on a gloo mesh, unpinned), so the
@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import load
 from prismatic.models.distributed_init import materialize_from_rank0
@@ -111,7 +112,7 @@ def test_offload_without_cuda_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as err:
         check_cpu_offload(True, CPU)
     message = str(err.value)
-    for words in ("--vla.cpu_offload true needs CUDA GPUs", "'cpu'", "host memory", "Run without it"):
+    for words in ("--vla.speed.cpu_offload true needs CUDA GPUs", "'cpu'", "host memory", "Run without it"):
         assert words in message, message
     assert "\n" not in message  # one paragraph
 
@@ -120,9 +121,11 @@ def test_strategy_refuses_offload_on_a_cpu_rank() -> None:
     vlm = _vlm()
     cpu_rank = DistInfo(rank=0, local_rank=0, world_size=1, num_nodes=1, device=CPU)
     with pytest.raises(ConfigError, match="needs CUDA GPUs"):
-        get_train_strategy(vlm, _tiny_vla(cpu_offload=True), cpu_rank)
+        get_train_strategy(vlm, _tiny_vla(speed=SpeedConfig(cpu_offload=True)), cpu_rank)
     # without the flag the same rank is fine
-    assert isinstance(get_train_strategy(vlm, _tiny_vla(cpu_offload=False), cpu_rank), FSDPStrategy)
+    assert isinstance(
+        get_train_strategy(vlm, _tiny_vla(speed=SpeedConfig(cpu_offload=False)), cpu_rank), FSDPStrategy
+    )
 
 
 def test_offload_reduce_scatters_every_micro_batch(caplog: pytest.LogCaptureFixture) -> None:
@@ -131,7 +134,7 @@ def test_offload_reduce_scatters_every_micro_batch(caplog: pytest.LogCaptureFixt
     gpu_rank = DistInfo(
         rank=0, local_rank=0, world_size=1, num_nodes=1, device=CUDA
     )  # nothing touches it here
-    vla = _tiny_vla(cpu_offload=True, enable_mixed_precision_training=False)
+    vla = _tiny_vla(speed=SpeedConfig(cpu_offload=True), enable_mixed_precision_training=False)
     assert get_train_strategy(vlm, vla, gpu_rank, grad_sync="auto").choose_grad_sync() is True
     assert get_train_strategy(vlm, vla, gpu_rank, grad_sync="micro-batch").choose_grad_sync() is True
     with caplog.at_level(logging.WARNING):

@@ -77,7 +77,7 @@ def _strategy(one_rank: DistInfo, head_kind: str, lora: bool, train_strategy: st
     torch.manual_seed(0)
     vla = get_vla_config("tiny+mx-toy")
     # What `auto` resolves to on CUDA (tests/training/test_speed_options.py), forced on here.
-    vla.causal_mask_only, vla.logits_at_labels, vla.optimizer_impl = "on", "on", "fused"
+    vla.speed.causal_mask_only, vla.speed.logits_at_labels, vla.speed.optimizer_impl = "on", "on", "fused"
     vla.use_lora, vla.train_strategy = lora, train_strategy
     vla.action_head, vla.chunk_size = head_kind, 4 if head_kind == "l1-chunk" else 1
     vla.per_device_batch_size, vla.global_batch_size = 2, 4  # two micro-batches per step

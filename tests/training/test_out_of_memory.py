@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from train_runs import run_train, tiny_args
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import get_vla_config
 from prismatic.training.out_of_memory import out_of_memory_message
 from prismatic.training.speed_plan import SpeedPlan
@@ -30,9 +31,16 @@ def _plan(vla, strategy: str, world: int, cuda_graphs: bool = False, checkpointi
     """What a run with `vla` trained as: under `strategy` on `world` GPUs, its checkpointing policy (`auto`: full
     unless given) and whether its blocks replayed CUDA graphs; `chosen_by_auto` the flags `vla` left at `auto`."""
     policy = checkpointing_policy or (
-        vla.checkpointing_policy if vla.checkpointing_policy != "auto" else "full"
+        vla.speed.checkpointing_policy if vla.speed.checkpointing_policy != "auto" else "full"
     )
-    auto = tuple(name for name in ("train_strategy", "checkpointing_policy") if getattr(vla, name) == "auto")
+    auto = tuple(
+        name
+        for name, value in (
+            ("train_strategy", vla.train_strategy),
+            ("checkpointing_policy", vla.speed.checkpointing_policy),
+        )
+        if value == "auto"
+    )
     return SpeedPlan(
         device="cuda",
         world_size=world,
@@ -62,12 +70,12 @@ def test_lora_under_ddp_on_eight_gpus_names_every_way_to_a_lower_peak() -> None:
     assert message == (
         "Rank 3 ran out of GPU memory after step 12, training under ddp (chosen by --vla.train_strategy auto) with "
         "--vla.per_device_batch_size 16, activation checkpointing selective-ops (chosen by "
-        "--vla.checkpointing_policy auto), blocks replayed from CUDA graphs. torch: "
+        "--vla.speed.checkpointing_policy auto), blocks replayed from CUDA graphs. torch: "
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.19 GiB. To lower the "
         "peak: a smaller --vla.per_device_batch_size (gradient accumulation keeps --vla.global_batch_size 256); "
-        "or --vla.checkpointing_policy full (recomputes every layer, keeps the least); "
+        "or --vla.speed.checkpointing_policy full (recomputes every layer, keeps the least); "
         "or --vla.train_strategy fsdp-full-shard (DDP keeps a full replica of the model on every GPU; FSDP2 "
-        "shards it over the 8 GPUs); or --vla.compile_mode default (CUDA graphs keep memory pools of their own)."
+        "shards it over the 8 GPUs); or --vla.speed.compile_mode default (CUDA graphs keep memory pools of their own)."
     )
 
 
@@ -90,20 +98,26 @@ def test_lora_under_ddp_on_eight_gpus_names_every_way_to_a_lower_peak() -> None:
             "fsdp-full-shard",
             4,
             [
-                "--vla.cpu_offload true",
+                "--vla.speed.cpu_offload true",
                 "--vla.enable_gradient_checkpointing true",
                 "no activation checkpointing",
             ],
             ["--vla.train_strategy", "compile_mode"],
         ),
         (
-            {"checkpointing_policy": "selective-ops"},
+            {"speed": SpeedConfig(checkpointing_policy="selective-ops")},
             "fsdp-full-shard",
             2,
-            ["--vla.checkpointing_policy full"],
+            ["--vla.speed.checkpointing_policy full"],
             [],
         ),
-        ({"cpu_offload": True}, "fsdp-full-shard", 2, ["per_device_batch_size"], ["--vla.cpu_offload true"]),
+        (
+            {"speed": SpeedConfig(cpu_offload=True)},
+            "fsdp-full-shard",
+            2,
+            ["per_device_batch_size"],
+            ["--vla.speed.cpu_offload true"],
+        ),
     ],
 )
 def test_only_the_flags_that_would_lower_this_runs_peak_are_offered(
@@ -151,7 +165,7 @@ def test_a_run_out_of_memory_exits_2_with_one_paragraph(toy_data_root: Path, tmp
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert line.startswith(
         "error: Rank 0 ran out of GPU memory after step 1, training under ddp with --vla.per_device_batch_size 8, "
-        "activation checkpointing full (chosen by --vla.checkpointing_policy auto). torch: CUDA out of memory. Tried to allocate 20.00 GiB. To lower the peak: "
+        "activation checkpointing full (chosen by --vla.speed.checkpointing_policy auto). torch: CUDA out of memory. Tried to allocate 20.00 GiB. To lower the peak: "
         "a smaller --vla.per_device_batch_size (gradient accumulation keeps --vla.global_batch_size "
     ), line
     assert "or --vla.train_strategy fsdp-full-shard" in line  # a full fine-tune under DDP

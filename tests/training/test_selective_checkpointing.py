@@ -1,4 +1,4 @@
-"""`--vla.checkpointing_policy` chooses what activation checkpointing recomputes, and only that: `full`,
+"""`--vla.speed.checkpointing_policy` chooses what activation checkpointing recomputes, and only that: `full`,
 `selective-ops` and `every-N` give checkpointing-off's gradients and losses exactly (FP32, CPU), through the real
 strategy set-up (FSDP2 on a gloo group of one), and differ only in the forward matmuls the backward pass re-runs.
 
@@ -16,6 +16,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
@@ -86,8 +87,8 @@ def _strategy(one_rank: DistInfo, policy: str | None, compile_blocks: bool = Fal
         apply_lora(vlm, vla.lora_settings())
     vla.enable_mixed_precision_training = False
     vla.enable_gradient_checkpointing = policy is not None
-    vla.checkpointing_policy = policy or "full"
-    vla.compile = "on" if compile_blocks else "off"
+    vla.speed.checkpointing_policy = policy or "full"
+    vla.speed.compile = "on" if compile_blocks else "off"
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(STEPS)
     return strategy, head
@@ -228,22 +229,22 @@ def test_every_n_wraps_layers_0_n_2n_and_keeps_the_keys(caplog: pytest.LogCaptur
 )
 def test_bad_policy_is_refused_with_the_choices(value: str) -> None:
     with pytest.raises(ConfigError) as error:
-        VLAConfig(checkpointing_policy=value)
+        SpeedConfig(checkpointing_policy=value)
     message = str(error.value)
-    assert f"Unknown checkpointing_policy '{value}' (--vla.checkpointing_policy)." in message
+    assert f"Unknown checkpointing_policy '{value}' (--vla.speed.checkpointing_policy)." in message
     assert message.endswith("Valid choices: auto, full, selective-ops, every-N (N >= 1).")
     assert "\n" not in message
 
 
 def test_good_policies_are_accepted() -> None:
     for value in ("auto", "full", "selective-ops", "every-1", "every-2", "every-16"):
-        assert VLAConfig(checkpointing_policy=value).checkpointing_policy == value
+        assert VLAConfig(speed=SpeedConfig(checkpointing_policy=value)).speed.checkpointing_policy == value
 
 
 def test_selective_ops_compiled_trains_like_eager(
     one_rank: DistInfo, runs: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--vla.compile` on top of `selective-ops`: the eager losses within the compile test's FP32 tolerance, and
+    """`--vla.speed.compile` on top of `selective-ops`: the eager losses within the compile test's FP32 tolerance, and
     the compiled layers still keep their attention outputs: the backward runs no attention forward (it does when
     the checkpoint stays outside the compiled graph). The profiler counts ops inside compiled code; a dispatch mode
     would turn compilation off. The `aot_eager` backend runs the same capture and the same partitioner (which

@@ -1,5 +1,6 @@
-"""The speed flags keep the numbers: each means of `--vla.optimizer_impl`, `--vla.logits_at_labels`,
-`--vla.causal_mask_only` (with `causal_attention`) and `--vla.compile` against the plain path on the tiny model on CPU (FP32).
+"""The speed flags keep the numbers: each means of `--vla.speed.optimizer_impl`, `--vla.speed.logits_at_labels`,
+`--vla.speed.causal_mask_only` (with `causal_attention`) and `--vla.speed.compile` against the plain path on the tiny
+model on CPU (FP32).
 
 Expected values come from the plain path run in the test (the LLM's own loss over full logits, torch's default
 AdamW, the eager model, the masked forward), never from the code under test; `auto` must leave CPU runs exactly
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.models import build_vlm
 from prismatic.models.action_heads import ActionSpec, build_action_head
@@ -60,16 +62,16 @@ def _tiny(spec: ActionSpec = ActionSpec(action_dim=7)):
 
 
 def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
-    vla = get_vla_config(VLA)
+    speed = get_vla_config(VLA).speed
     for name in ("logits_at_labels", "causal_mask_only", "overlap_steps"):
-        assert (speed_switch(getattr(vla, name), CPU), speed_switch(getattr(vla, name), CUDA)) == (
+        assert (speed_switch(getattr(speed, name), CPU), speed_switch(getattr(speed, name), CUDA)) == (
             False,
             True,
         )
-        setattr(vla, name, "on")
-        assert speed_switch(getattr(vla, name), CPU) is True
-        setattr(vla, name, "off")
-        assert speed_switch(getattr(vla, name), CUDA) is False
+        setattr(speed, name, "on")
+        assert speed_switch(getattr(speed, name), CPU) is True
+        setattr(speed, name, "off")
+        assert speed_switch(getattr(speed, name), CUDA) is False
     assert (adamw_implementation("auto", CPU), adamw_implementation("auto", CUDA)) == ("default", "fused")
     vlm, _ = _tiny(ActionSpec())
     for device, expected in ((CPU, False), (CUDA, True)):
@@ -91,9 +93,9 @@ def test_auto_is_off_on_cpu_and_on_on_cuda() -> None:
 )
 def test_bad_speed_flag_is_refused_with_the_choices(field: str, value: str) -> None:
     with pytest.raises(
-        ConfigError, match=rf"Unknown {field} '{value}' \(--vla.{field}\).*Valid choices: auto"
+        ConfigError, match=rf"Unknown {field} '{value}' \(--vla.speed.{field}\).*Valid choices: auto"
     ):
-        VLAConfig(**{field: value})
+        VLAConfig(speed=SpeedConfig(**{field: value}))
 
 
 def test_logits_at_labels_loss_equals_full_logits_loss() -> None:
@@ -133,7 +135,7 @@ def test_causal_mask_only_drops_right_padding_alone_and_keeps_the_outputs(one_ra
     assert not is_right_padded(torch.tensor([[1, 1, 1], [0, 1, 1]]))
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
-    vla.causal_mask_only = "on"
+    vla.speed.causal_mask_only = "on"
     strategy = get_train_strategy(vlm, vla, one_rank)
     batch = synthetic_batch(vlm, head, 4)
     moved = strategy.to_device(batch)
@@ -151,7 +153,7 @@ def test_causal_mask_only_drops_right_padding_alone_and_keeps_the_outputs(one_ra
 @pytest.mark.parametrize("head_name", ["tokens", "l1-chunk"])
 @pytest.mark.parametrize("drop_mask", [False, True])
 def test_lengths_rounded_up_keep_the_loss_and_gradients(head_name: str, drop_mask: bool) -> None:
-    """`--vla.pad_to_multiple` (8 under CUDA graphs): the same frames padded to the longest sequence, and to that
+    """`--vla.speed.pad_to_multiple` (8 under CUDA graphs): the same frames padded to the longest sequence, and to that
     length rounded up to a multiple of 16, give the same loss, metric sums and gradients within FP32 tolerance, with
     the padding mask or without it (`causal_mask_only`): the extra positions carry ignored labels and come after
     every real token."""
@@ -181,20 +183,20 @@ def test_lengths_rounded_up_keep_the_loss_and_gradients(head_name: str, drop_mas
 
 
 def test_lengths_round_up_to_8_where_the_blocks_replay_cuda_graphs(one_rank: DistInfo) -> None:
-    """`--vla.pad_to_multiple` null (the default) resolves to 8 where the blocks are to replay CUDA graphs and to 1
-    (the longest sequence only, OpenVLA's padding) everywhere else; a value given is kept."""
+    """`--vla.speed.pad_to_multiple` null (the default) resolves to 8 where the blocks are to replay CUDA graphs and to
+    1 (the longest sequence only, OpenVLA's padding) everywhere else; a value given is kept."""
     vlm, _ = _tiny()
     vla = get_vla_config(VLA)
-    assert vla.pad_to_multiple is None
+    assert vla.speed.pad_to_multiple is None
     for compile_mode, expected in (("reduce-overhead", 8), ("default", 1), (None, 1)):
-        assert pad_multiple(vla.pad_to_multiple, compile_mode) == expected
-    vla.pad_to_multiple = 3
-    assert pad_multiple(vla.pad_to_multiple, "reduce-overhead") == 3
+        assert pad_multiple(vla.speed.pad_to_multiple, compile_mode) == expected
+    vla.speed.pad_to_multiple = 3
+    assert pad_multiple(vla.speed.pad_to_multiple, "reduce-overhead") == 3
     assert get_train_strategy(vlm, vla, one_rank).pad_to_multiple == 3
     with pytest.raises(
-        ConfigError, match=r"--vla.pad_to_multiple=0 is out of range: it must be an integer >= 1"
+        ConfigError, match=r"--vla.speed.pad_to_multiple=0 is out of range: it must be an integer >= 1"
     ):
-        VLAConfig(pad_to_multiple=0)
+        VLAConfig(speed=SpeedConfig(pad_to_multiple=0))
 
 
 @pytest.mark.parametrize("implementation", ["fused", "foreach", "for-loop"])
@@ -222,7 +224,7 @@ def test_adamw_implementations_give_the_default_update(implementation: str) -> N
 def _losses(one_rank: DistInfo, compile_blocks: bool, steps: int = 5, lora_ddp: bool = False) -> list[float]:
     vlm, head = _tiny()
     vla = get_vla_config(VLA)
-    vla.compile = "on" if compile_blocks else "off"
+    vla.speed.compile = "on" if compile_blocks else "off"
     if lora_ddp:  # what `auto` compiles on CUDA, under the LIBERO presets' strategy
         vla.use_lora, vla.train_strategy = True, "ddp"
         vlm.freeze_backbones(vla.stage)
@@ -261,7 +263,7 @@ def test_compiled_blocks_train_like_eager(
     vlm, _ = _tiny()
     keys = set(vlm.state_dict())
     vla = get_vla_config(VLA)
-    vla.compile = "on"
+    vla.speed.compile = "on"
     strategy = get_train_strategy(vlm, vla, one_rank)
     strategy.setup(1)
     assert strategy.compiled
@@ -303,7 +305,7 @@ class _OpCounts(TorchDispatchMode):
 
 
 def test_batched_grad_copies_train_like_per_parameter_copies(lora_ddp_steps: Any) -> None:
-    """`--vla.batched_grad_copy on` (CUDA's `auto`): DDP copies a bucket's gradients with one `_foreach_copy_`
+    """`--vla.speed.batched_grad_copy on` (CUDA's `auto`): DDP copies a bucket's gradients with one `_foreach_copy_`
     instead of one `mul.out` per parameter, and training gives the same losses and weights (`==`) as the copies one
     by one (3 steps of 2 micro-batches under DDP, one all-reduce per step)."""
     steps = 3
@@ -329,7 +331,7 @@ def test_batched_grad_copy_auto_is_on_on_cuda_where_torch_has_it(monkeypatch: py
     `auto` copies one by one and `on` is refused with the torch version and the settings that work."""
 
     def resolved(setting: str, device: torch.device) -> bool:
-        return speed_plan.batched_grad_copy(VLAConfig(batched_grad_copy=setting), device)
+        return speed_plan.batched_grad_copy(VLAConfig(speed=SpeedConfig(batched_grad_copy=setting)), device)
 
     assert [resolved(s, CPU) for s in ("auto", "on", "off")] == [False, True, False]
     assert [resolved(s, CUDA) for s in ("auto", "on", "off")] == [True, True, False]
@@ -357,11 +359,11 @@ def test_compile_auto_compiles_where_it_was_measured_faster() -> None:
         (True, True, "ddp"): True,
     }
     for (lora, checkpointing, strategy), on_cuda in expected_on_cuda.items():
-        vla.use_lora, vla.enable_gradient_checkpointing, vla.compile = lora, checkpointing, "auto"
+        vla.use_lora, vla.enable_gradient_checkpointing, vla.speed.compile = lora, checkpointing, "auto"
         assert (compiles(vla, CPU, strategy), compiles(vla, CUDA, strategy)) == (False, on_cuda)
-        vla.compile = "on"
+        vla.speed.compile = "on"
         assert (compiles(vla, CPU, strategy), compiles(vla, CUDA, strategy)) == (True, True)
-        vla.compile = "off"
+        vla.speed.compile = "off"
         assert (compiles(vla, CPU, strategy), compiles(vla, CUDA, strategy)) == (False, False)
 
 
@@ -371,7 +373,11 @@ def test_set_up_logs_what_each_speed_flag_resolved_to(
     """config.yaml records `auto`; the log says what ran: on CPU every `auto` is off, `on` shows as on."""
     vlm, _ = _tiny()
     vla = get_vla_config(VLA)
-    vla.causal_mask_only, vla.checkpointing_policy, vla.prefetch_batches = "on", "every-2", 3
+    vla.speed.causal_mask_only, vla.speed.checkpointing_policy, vla.speed.prefetch_batches = (
+        "on",
+        "every-2",
+        3,
+    )
     with caplog.at_level(logging.INFO):
         get_train_strategy(vlm, vla, one_rank).setup(1)
     assert (
@@ -379,7 +385,7 @@ def test_set_up_logs_what_each_speed_flag_resolved_to(
         "compiled blocks off, activation checkpointing every-2, prefetched batches 3, steps overlapped off "
         "(docs/performance.md)."
     ) in caplog.text
-    vla.pad_to_multiple = 8
+    vla.speed.pad_to_multiple = 8
     with caplog.at_level(logging.INFO):
         get_train_strategy(_tiny()[0], vla, one_rank).setup(1)
     assert (
@@ -392,7 +398,7 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
     one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Where the set-up's probe compile fails (no C compiler, no Triton), `auto` trains eagerly after one warning
-    naming the error, and `on` stops with an error naming it and `--vla.compile off`."""
+    naming the error, and `on` stops with an error naming it and `--vla.speed.compile off`."""
     assert compiler_problem(CPU) is None  # this machine's compiler stack works
     compiled: list = []
 
@@ -422,11 +428,11 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
     head(strategy.model, strategy.to_device(synthetic_batch(vlm, head, 2))).loss.backward()  # eager training
 
     vla = get_vla_config(VLA)
-    vla.compile = "on"
+    vla.speed.compile = "on"
     with pytest.raises(
         ConfigError,
-        match=r"--vla.compile on, but torch.compile cannot run on cpu here \(RuntimeError: Compiler: cc is not "
-        r"found.\).*--vla.compile off",
+        match=r"--vla.speed.compile on, but torch.compile cannot run on cpu here \(RuntimeError: Compiler: cc is not "
+        r"found.\).*--vla.speed.compile off",
     ):
         get_train_strategy(_tiny()[0], vla, one_rank).setup(1)
 
@@ -438,7 +444,7 @@ def _probe_on_two_ranks(rank: int, store: str, out: str, setting: str) -> None:
     base.compiler_problem = lambda device, *_: "RuntimeError: cc is not found." if rank == 1 else None
     speed_plan.compiles = lambda vla, device, strategy: True  # as `auto` is for LoRA on CUDA
     vla = get_vla_config(VLA)
-    vla.compile, vla.enable_mixed_precision_training = setting, False
+    vla.speed.compile, vla.enable_mixed_precision_training = setting, False
     strategy = get_train_strategy(_tiny()[0], vla, DistInfo(rank, rank, 2, 1, CPU))
     records: list[str] = []
     handler = logging.Handler(logging.WARNING)
@@ -463,14 +469,15 @@ def test_ranks_agree_when_the_compiler_fails_on_one(tmp_path: Path, setting: str
         assert zero["compiled"] is False and one["compiled"] is False
         assert zero["warnings"] == [
             "torch.compile cannot run on rank 1's cpu device (RuntimeError: cc is not found.): every rank trains "
-            "without compiling the blocks, which is slower. --vla.compile off skips this check; --vla.compile on "
-            "makes it an error."
+            "without compiling the blocks, which is slower. --vla.speed.compile off skips this check; "
+            "--vla.speed.compile on makes it an error."
         ]
         assert one["warnings"][0].startswith("torch.compile cannot run on cpu here (RuntimeError: cc is not")
     else:
         assert zero["error"].startswith(
-            "--vla.compile on, but torch.compile cannot run on rank 1's cpu device (RuntimeError: cc is not found.)."
+            "--vla.speed.compile on, but torch.compile cannot run on rank 1's cpu device (RuntimeError: cc is not "
+            "found.)."
         )
         assert one["error"].startswith(
-            "--vla.compile on, but torch.compile cannot run on cpu here (RuntimeError: cc is not found.)."
+            "--vla.speed.compile on, but torch.compile cannot run on cpu here (RuntimeError: cc is not found.)."
         )

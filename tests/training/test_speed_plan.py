@@ -52,11 +52,11 @@ def test_the_first_phase_refuses_before_any_model_and_the_second_keeps_its_choic
     """CPU offload on a CPU and CUDA graphs under FSDP2 are refused from the flags alone; on CPU every `auto` speed
     switch is off and the strategy is FSDP2 with full sharding, and the second phase keeps what the first decided."""
     vla = get_vla_config("tiny+mx-toy")
-    vla.cpu_offload = True
-    with pytest.raises(ConfigError, match="--vla.cpu_offload true needs CUDA GPUs"):
+    vla.speed.cpu_offload = True
+    with pytest.raises(ConfigError, match="--vla.speed.cpu_offload true needs CUDA GPUs"):
         plan_flags(vla, 1, CPU)
     vla = get_vla_config("tiny+mx-toy")
-    vla.train_strategy, vla.compile, vla.compile_mode = "fsdp-full-shard", "on", "reduce-overhead"
+    vla.train_strategy, vla.speed.compile, vla.speed.compile_mode = "fsdp-full-shard", "on", "reduce-overhead"
     with pytest.raises(ConfigError, match="the strategy is fsdp-full-shard, which frees and re-gathers"):
         plan_flags(vla, 1, CUDA)
     vla = get_vla_config("tiny+mx-toy")

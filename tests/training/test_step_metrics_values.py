@@ -99,7 +99,7 @@ def test_a_dataset_whose_sums_are_all_zero_still_reports_its_samples():
 
 def test_a_started_step_reads_its_own_sums_while_the_next_step_accumulates():
     """`start` hands the step over and begins the next from zero: step 1 read after step 2 was added (what
-    `--vla.overlap_steps` does) still gives step 1's figures, and its votes' sums land in its own tensor."""
+    `--vla.speed.overlap_steps` does) still gives step 1's figures, and its votes' sums land in its own tensor."""
     m = _metrics(["only"])
     m.update(torch.tensor(0.5), _sums([[1, 2, 0.5]]), ["only"])
     votes1 = torch.tensor([1.0, 0.0], dtype=torch.float64)

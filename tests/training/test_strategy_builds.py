@@ -176,7 +176,7 @@ def test_auto_strategy_is_ddp_for_lora_on_gpus_and_for_a_full_fine_tune_on_one(
 ) -> None:
     vla = get_vla_config(VLA)
     assert vla.train_strategy == "auto"
-    vla.use_lora, vla.cpu_offload = use_lora, cpu_offload
+    vla.use_lora, vla.speed.cpu_offload = use_lora, cpu_offload
     asked: list[bool] = []
 
     def fits() -> bool:
@@ -434,12 +434,12 @@ def test_auto_grad_sync_under_ddp_reduces_once_per_step(
 def test_cpu_offload_auto_reduces_every_micro_batch(
     one_rank: DistInfo, monkeypatch: pytest.MonkeyPatch, grad_sync: str, every: bool
 ) -> None:
-    """Under --vla.cpu_offload `auto` keeps gradients sharded on the host whatever the memory (CPU offload itself
+    """Under --vla.speed.cpu_offload `auto` keeps gradients sharded on the host whatever the memory (CPU offload itself
     needs CUDA, so only the decision is asked for, on a strategy built with the CUDA check bypassed)."""
     monkeypatch.setattr("prismatic.training.speed_plan.check_cpu_offload", lambda *args: None)
     _host_memory(monkeypatch, 10**15)
     vla = get_vla_config(VLA)
-    vla.train_strategy, vla.cpu_offload = "fsdp-full-shard", True
+    vla.train_strategy, vla.speed.cpu_offload = "fsdp-full-shard", True
     vlm = build_vlm(BASE)
     strategy = get_train_strategy(vlm, vla, one_rank, grad_sync=grad_sync)
     assert strategy.choose_grad_sync() is every

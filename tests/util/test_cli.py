@@ -13,6 +13,7 @@ import pytest
 import yaml
 from scripts import import_script
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.train import TrainConfig
 from prismatic.conf.vla import VLAConfig, get_vla_config
 from prismatic.training.run_folder import config_to_dict
@@ -133,25 +134,29 @@ def test_bad_config_files(tmp_path: Path, text: str, words: list[str]) -> None:
 
 
 def test_speed_switches_take_booleans_from_flags_and_old_config_files(tmp_path: Path) -> None:
-    """`--vla.compile` took true / false before it took auto / on / off: both spellings, the flag alone and a run's
-    earlier config.yaml (`compile: false`) still parse, to on / off; other words are refused with the choices."""
+    """`--vla.speed.compile` took true / false before it took auto / on / off: both spellings, the flag alone and a
+    run's earlier config.yaml (`compile: false`, flat under `vla` as before the speed group) still parse, to on / off;
+    other words are refused with the choices."""
 
-    def vla(*args: str) -> VLAConfig:
-        return parse_config(TrainConfig, ["--vla.type", "tiny+mx-toy", *args]).vla
+    def speed(*args: str) -> SpeedConfig:
+        return parse_config(TrainConfig, ["--vla.type", "tiny+mx-toy", *args]).vla.speed
 
-    assert vla().compile == "auto"
+    assert speed().compile == "auto"
     for given, expected in [("true", "on"), ("false", "off"), ("yes", "on"), ("0", "off"), ("on", "on")]:
-        assert vla("--vla.compile", given).compile == expected
-    assert vla("--vla.compile").compile == "on"
-    assert vla("--vla.compile", "auto", "--vla.causal_mask_only", "no").causal_mask_only == "off"
+        assert speed("--vla.speed.compile", given).compile == expected
+    assert speed("--vla.speed.compile").compile == "on"
+    assert (
+        speed("--vla.speed.compile", "auto", "--vla.speed.causal_mask_only", "no").causal_mask_only == "off"
+    )
     path = tmp_path / "config.yaml"
     path.write_text("vla:\n  type: tiny+mx-toy\n  compile: false\n  logits_at_labels: true\n")
     cfg = parse_config(TrainConfig, ["--config_path", str(path)])
-    assert (cfg.vla.compile, cfg.vla.logits_at_labels, cfg.vla.causal_mask_only) == ("off", "on", "auto")
+    switches = cfg.vla.speed
+    assert (switches.compile, switches.logits_at_labels, switches.causal_mask_only) == ("off", "on", "auto")
     with pytest.raises(
-        ConfigError, match=r"Unknown compile 'max' \(--vla.compile\).*Valid choices: auto, on, off"
+        ConfigError, match=r"Unknown compile 'max' \(--vla.speed.compile\).*Valid choices: auto, on, off"
     ):
-        vla("--vla.compile", "max")
+        speed("--vla.speed.compile", "max")
 
 
 def test_vla_flags_without_type_override_the_default_preset() -> None:

@@ -1,4 +1,4 @@
-"""`BatchPrefetcher` (`--vla.prefetch_batches`): the loader's batches made ahead on a thread, resume kept exact.
+"""`BatchPrefetcher` (`--vla.speed.prefetch_batches`): the loader's batches made ahead on a thread, resume kept exact.
 
 Expected batches always come from a plain `DataLoader` over an uninterrupted stream (no thread, no snapshot),
 never from the code under test. Each stream's thread is made to run ahead (its queue full) before a snapshot.
@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from prismatic.conf.speed import SpeedConfig
 from prismatic.conf.vla import VLAConfig
 from prismatic.models.backbones.llm.prompting.base_prompter import PurePromptBuilder
 from prismatic.util.errors import ConfigError
@@ -182,8 +183,8 @@ def test_a_finite_loader_ends_with_stop_iteration() -> None:
 
 
 def test_a_negative_prefetch_depth_is_a_config_error() -> None:
-    assert VLAConfig().prefetch_batches == 0
+    assert VLAConfig().speed.prefetch_batches == 0
     with pytest.raises(
-        ConfigError, match=r"^--vla.prefetch_batches=-1 is out of range: it must be an integer >= 0"
+        ConfigError, match=r"^--vla.speed.prefetch_batches=-1 is out of range: it must be an integer >= 0"
     ):
-        VLAConfig(prefetch_batches=-1)
+        VLAConfig(speed=SpeedConfig(prefetch_batches=-1))

@@ -66,7 +66,7 @@ class ActionHead(ABC):
 
     def __init__(self, spec: ActionSpec, action_tokenizer: Any, num_prefix_tokens: int) -> None:
         self.spec, self.action_tokenizer, self.num_prefix_tokens = spec, action_tokenizer, num_prefix_tokens
-        # `--vla.logits_at_labels`: heads whose loss reads the LM head compute it at the labelled positions only.
+        # `--vla.speed.logits_at_labels`: heads whose loss reads the LM head compute it at the labelled positions only.
         self.logits_at_labels = False
 
     @property

@@ -88,7 +88,7 @@ class TokenActionHead(ActionHead):
     def _at_labels(
         self, model: nn.Module, batch: dict[str, Any], labels: torch.Tensor, with_loss: bool
     ) -> HeadOutput:
-        """The loss and sums from the logits at the labelled positions only (`--vla.logits_at_labels`): the same
+        """The loss and sums from the logits at the labelled positions only (`--vla.speed.logits_at_labels`): the same
         mean cross-entropy over labelled tokens as the LLM's own loss, without a `[B, S, vocab]` logits tensor."""
         positions, targets = self.label_positions(labels)
         output = model(**self.model_inputs(batch), logits_positions=positions + self.num_prefix_tokens)

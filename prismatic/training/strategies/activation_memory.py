@@ -1,5 +1,5 @@
-"""How much memory `--vla.checkpointing_policy selective-ops` needs, from the model's structure: what the speed plan
-(`prismatic.training.speed_plan.choose_checkpointing_policy`) weighs when `auto` chooses between it and `full`.
+"""How much memory `--vla.speed.checkpointing_policy selective-ops` needs, from the model's structure: what the speed
+plan (`prismatic.training.speed_plan.choose_checkpointing_policy`) weighs when `auto` chooses between it and `full`.
 
 `selective-ops` keeps the output of every matmul and attention kernel of each decoder layer from the forward to the
 backward (`parallelize._SELECTIVE_SAVED_OPS`), where `full` keeps each layer's input alone and runs the layer's

@@ -46,7 +46,7 @@ class TrainingStrategy(ABC):
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self.sync_every_micro_batch = False
-        self.compiled = False  # whether `setup` compiled the blocks (`--vla.compile`)
+        self.compiled = False  # whether `setup` compiled the blocks (`--vla.speed.compile`)
 
     # --- the plan's values, as the loop and tests read them ---------------------------------------------------------
     @property
@@ -78,7 +78,7 @@ class TrainingStrategy(ABC):
 
     @property
     def cuda_graphs(self) -> bool:
-        """Whether the compiled blocks replay from CUDA graphs (`--vla.compile_mode`'s `reduce-overhead`)."""
+        """Whether the compiled blocks replay from CUDA graphs (`--vla.speed.compile_mode`'s `reduce-overhead`)."""
         return self.compiled and self.plan.cuda_graphs
 
     # --- what subclasses define ---------------------------------------------------------------------------
@@ -113,7 +113,7 @@ class TrainingStrategy(ABC):
             if self.compiled:
                 logger.info(
                     "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
-                    "--vla.compile off trains without)",
+                    "--vla.speed.compile off trains without)",
                     self.compile_mode,
                     compile_blocks(self.vlm, kwargs),
                 )
@@ -145,7 +145,7 @@ class TrainingStrategy(ABC):
         )
 
     def _compiler_works(self, kwargs: dict[str, Any]) -> bool:
-        """Whether `torch.compile` with `kwargs` runs on every rank; where it does not, `--vla.compile on` is
+        """Whether `torch.compile` with `kwargs` runs on every rank; where it does not, `--vla.speed.compile on` is
         an error and `auto` trains without it after one warning (a cluster node without a C compiler still trains,
         only slower). The ranks agree (collective), so that all of them compile or none: the same graphs, the same
         numbers."""
@@ -156,17 +156,19 @@ class TrainingStrategy(ABC):
         rank, problem = found
         where = f"{device} here" if rank == self.dist.rank else f"rank {rank}'s {device.type} device"
         mode = self.compile_mode
-        compiler = "torch.compile" if mode == "default" else f"torch.compile (--vla.compile_mode {mode})"
-        if self.vla.compile == "on":
+        compiler = (
+            "torch.compile" if mode == "default" else f"torch.compile (--vla.speed.compile_mode {mode})"
+        )
+        if self.vla.speed.compile == "on":
             raise ConfigError(
-                f"--vla.compile on, but {compiler} cannot run on {where} ({problem}). Inductor needs a C "
-                "compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.compile off "
-                "to train without compiling (or auto to fall back by itself)"
-                + ("." if mode == "default" else ", or --vla.compile_mode default.")
+                f"--vla.speed.compile on, but {compiler} cannot run on {where} ({problem}). Inductor needs a C "
+                "compiler (and Triton on GPUs) and a writable cache directory; fix that, or pass --vla.speed.compile "
+                "off to train without compiling (or auto to fall back by itself)"
+                + ("." if mode == "default" else ", or --vla.speed.compile_mode default.")
             )
         logger.warning(
             "%s cannot run on %s (%s): every rank trains without compiling the blocks, which is "
-            "slower. --vla.compile off skips this check; --vla.compile on makes it an error.",
+            "slower. --vla.speed.compile off skips this check; --vla.speed.compile on makes it an error.",
             compiler,
             where,
             problem,
@@ -213,10 +215,10 @@ class TrainingStrategy(ABC):
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Every tensor of the batch on the device (host copies are non-blocking: the loader pins memory on GPU).
 
-        With `--vla.causal_mask_only` (the plan's `causal_mask_only`) a right-padded batch drops its attention mask: causal
-        attention already hides right padding from every real token (the pads' own outputs carry no labels), and
-        without a mask SDPA may pick its flash kernel and transformers skips its mask checks, which wait for the
-        device. The check reads the host copy, so it costs no device sync.
+        With `--vla.speed.causal_mask_only` (the plan's `causal_mask_only`) a right-padded batch drops its attention
+        mask: causal attention already hides right padding from every real token (the pads' own outputs carry no
+        labels), and without a mask SDPA may pick its flash kernel and transformers skips its mask checks, which wait
+        for the device. The check reads the host copy, so it costs no device sync.
         """
         device = self.dist.device
         out = {key: _to_device(value, device) for key, value in batch.items()}

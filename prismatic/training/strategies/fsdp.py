@@ -9,7 +9,7 @@ Meshes: on one node a 1-D mesh over its ranks. On several nodes (`--sharding aut
 all-gathered and gradients reduce-scattered over the fast in-node links only, and gradients are all-reduced across
 nodes once per step (HSDP, OpenVLA's HYBRID_SHARD). `--sharding full` shards over every rank of every node.
 
-`--vla.cpu_offload` (CUDA only) adds FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and AdamW state
+`--vla.speed.cpu_offload` (CUDA only) adds FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and AdamW state
 live in (pinned) host memory, each unit's shards are copied to the GPU only while it computes, and the optimizer
 steps on the CPU. Mixed precision applies as without it (bf16 all-gathers, FP32 shards); gradients are
 reduce-scattered after every micro-batch (`--grad_sync auto`: `speed_plan.choose_grad_sync`) so they accumulate on the host; gradient clipping
@@ -125,7 +125,7 @@ class FSDPStrategy(TrainingStrategy):
         if self.mixed_precision:
             cast_frozen_params_to_bf16(self.vlm)
         full_state = full_state_on_rank0(self.vlm)  # rank 0's weights, before sharding splits them
-        offload = self.vla.cpu_offload
+        offload = self.vla.speed.cpu_offload
         model = apply_fsdp(
             self.vlm, mesh, policy, reshard_after_forward=self.reshard_after_forward, cpu_offload=offload
         )
@@ -143,7 +143,7 @@ class FSDPStrategy(TrainingStrategy):
 
     def clip_grad_norm(self) -> torch.Tensor:
         """As the base class; under CPU offload the gradients are on the host (`clip_host_grad_norm_`)."""
-        if not self.vla.cpu_offload:
+        if not self.vla.speed.cpu_offload:
             return super().clip_grad_norm()
         return clip_host_grad_norm_(self.trainable_params, self.vla.max_grad_norm, self.dist.device)
 
@@ -160,8 +160,9 @@ class FSDPStrategy(TrainingStrategy):
         """Hybrid sharding, gradients reduced every micro-batch: reduce-scatter within the node now, but all-reduce
         across nodes only on the last micro-batch (FSDP2 adds the deferred partial sums into it), one slow-link
         all-reduce per step instead of one per micro-batch. The partial sums wait on the device (a shard in the
-        reduce dtype), so under `--vla.cpu_offload`, whose point is device memory, every micro-batch all-reduces."""
-        if self.mesh is None or self.mesh.ndim != 2 or self.vla.cpu_offload:  # 2-D: replicate x shard
+        reduce dtype), so under `--vla.speed.cpu_offload`, whose point is device memory, every micro-batch
+        all-reduces."""
+        if self.mesh is None or self.mesh.ndim != 2 or self.vla.speed.cpu_offload:  # 2-D: replicate x shard
             yield
             return
         self.model.set_requires_all_reduce(False)

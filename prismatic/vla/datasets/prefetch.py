@@ -1,4 +1,4 @@
-"""`BatchPrefetcher`: a loader's batches made ahead on a background thread (`--vla.prefetch_batches N`).
+"""`BatchPrefetcher`: a loader's batches made ahead on a background thread (`--vla.speed.prefetch_batches N`).
 
 `RLDSDataset` is read with `num_workers=0` (it holds one tf.data stream and its resumable position, so worker
 processes are out), which puts the batch transform (tokenizer, image transform), the collator and the copy into
