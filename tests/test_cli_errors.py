@@ -57,6 +57,12 @@ CASES = [
     ),
     Case("null-for-int", "train", (*TINY, "--seed", "null"), ("--seed got 'null'", "null is not allowed")),
     Case(
+        "speed-flag-by-its-old-name",
+        "train",
+        (*TINY, "--vla.compile", "on"),
+        ("--vla.compile is now --vla.speed.compile", "--vla.speed.compile"),
+    ),
+    Case(
         "list-for-scalar",
         "train",
         (*TINY, "--vla.learning_rate", "[1e-4, 2e-4]"),
