@@ -23,6 +23,7 @@ from draccus import ChoiceRegistry
 
 from prismatic.conf.registries import AUTO, TRAIN_STRATEGIES
 from prismatic.conf.speed import SpeedConfig, speed_config_class
+from prismatic.models.action_heads.options import HeadOptions, chosen_options, preset_head_options
 from prismatic.util.errors import ConfigError, did_you_mean
 
 if typing.TYPE_CHECKING:
@@ -58,6 +59,9 @@ class VLAConfig(ChoiceRegistry):
     chunk_size: int = 1  # actions predicted per forward (the current one and chunk_size - 1 future ones)
     use_proprio: bool = False  # feed the normalised proprio state through a projector into the sequence
     num_images: int = 1  # camera views per frame: the primary image, then the dataset's wrist image(s)
+    # Each head's own options, one group per head (prismatic/models/action_heads/options.py): only the chosen
+    # head's are used, recorded in its action_model.json and checked when a run resumes.
+    head: HeadOptions = field(default_factory=HeadOptions)  # --vla.head.<head>.*, e.g. --vla.head.l1_chunk.*
 
     # Optimisation
     epochs: int = 1000  # passes over the data; used when max_steps is null
@@ -97,6 +101,10 @@ class VLAConfig(ChoiceRegistry):
     def __post_init__(self) -> None:
         # Ranges and names are checked on construction, so a bad flag fails while parsing, before torch loads.
         self.check_values()
+
+    def head_options(self) -> dict[str, Any]:
+        """The chosen head's options (`--vla.head.<action_head>.*`) as a dict; {} for a head without options."""
+        return chosen_options(self.head, self.action_head)
 
     def lora_settings(self) -> LoraSettings | None:
         """The LoRA settings when `use_lora`, else None."""
@@ -234,7 +242,7 @@ def register_vla(vla_id: str, parent: str | None = None, **overrides: Any) -> ty
     """Register experiment `vla_id` as `parent`'s values (or the `VLAConfig` defaults) plus `overrides`.
 
     `speed={"compile": "on", ...}` sets speed switches (`SpeedConfig` fields) over the parent's: a preset names the
-    recipe, and the few speed means it needs, in one call. Returns the generated dataclass, which `--vla.type vla_id`
+    recipe, and the few speed means it needs, in one call; `head={"<head group>": {...}}` likewise sets head options. Returns the generated dataclass, which `--vla.type vla_id`
     selects. Raises on a duplicate id or an unknown field, so a typo in a preset fails at import rather than silently
     training the wrong thing.
     """
@@ -245,23 +253,33 @@ def register_vla(vla_id: str, parent: str | None = None, **overrides: Any) -> ty
     if unknown:
         raise ValueError(f"VLA preset '{vla_id}' sets unknown fields {sorted(unknown)}.")
     speed = overrides.pop("speed", {})
-    if not isinstance(speed, Mapping):
-        raise ValueError(
-            f"VLA preset '{vla_id}' sets speed={speed!r}: pass the switches it changes as a mapping, e.g. "
-            'speed={"compile": "on"}.'
-        )
-    values.update(overrides, vla_id=vla_id, speed={**values.get("speed", {}), **speed})
+    head = overrides.pop("head", {})
+    for given, group, what, example in (
+        (speed, "speed", "switches", 'speed={"compile": "on"}'),
+        (head, "head", "head options", 'head={"l1_chunk": {"mlp_blocks": 3}}'),
+    ):
+        if not isinstance(given, Mapping):
+            raise ValueError(
+                f"VLA preset '{vla_id}' sets {group}={given!r}: pass the {what} it changes as a mapping, e.g. "
+                f"{example}."
+            )
+    parent_head = values.get("head", {})
+    head = {g: {**parent_head.get(g, {}), **head.get(g, {})} for g in (*parent_head, *head)}
+    values.update(overrides, vla_id=vla_id, speed={**values.get("speed", {}), **speed}, head=head)
     speed_class = speed_config_class(vla_id, values["speed"])
+    head_class = preset_head_options(vla_id, values["head"])
     _PRESETS[vla_id] = values
     hints = typing.get_type_hints(VLAConfig)
     base_fields = {f.name: f for f in dataclasses.fields(VLAConfig)}
     fields = [
         (name, hints[name], dataclasses.field(default=value, metadata=base_fields[name].metadata))
         for name, value in values.items()
-        if name != "speed"
+        if name not in ("speed", "head")
     ]
-    # A preset's switches are its speed class's defaults (`speed_config_class`): a `--vla.speed.*` flag keeps them.
+    # A preset's switches are its speed class's defaults (`speed_config_class`): a `--vla.speed.*` flag keeps them;
+    # likewise its head options (`preset_head_options`).
     fields.append(("speed", speed_class, dataclasses.field(default_factory=speed_class)))
+    fields.append(("head", head_class, dataclasses.field(default_factory=head_class)))
     class_name = "VLA_" + "".join(c if c.isalnum() else "_" for c in vla_id)
     cls = dataclasses.make_dataclass(class_name, fields, bases=(VLAConfig,))
     cls.__module__ = __name__

@@ -31,7 +31,8 @@ def build_vlm(vla: VLAConfig, hf_token: str | None) -> PrismaticVLM:
 
 
 def action_spec(vla: VLAConfig, statistics: Mapping[str, Any]) -> ActionSpec:
-    """The model's `ActionSpec`: the head and chunk from the flags, the action and proprio widths from the data.
+    """The model's `ActionSpec`: the head, its options and the chunk from the flags, the action and proprio widths
+    from the data.
 
     Raises:
         ConfigError: the mixture's datasets have actions (or proprio) of different widths.
@@ -52,6 +53,7 @@ def action_spec(vla: VLAConfig, statistics: Mapping[str, Any]) -> ActionSpec:
         action_dim=width("action"),
         proprio_dim=width("proprio") if vla.use_proprio else 0,
         num_images=vla.num_images,
+        head_options=vla.head_options(),
     )
 
 

@@ -7,8 +7,8 @@ each rank's data position and snapshot folder, and the step trackers continue fr
 
 - A new run over a folder with checkpoints is refused (add `--resume`); logs of an attempt that crashed before
   its first checkpoint are moved aside so the same command starts it over.
-- A resume must continue the same experiment (`IDENTITY`): another seed, experiment, mixture, base model, head or
-  data option is refused unless `--allow_config_change`.
+- A resume must continue the same experiment (`IDENTITY`): another seed, experiment, mixture, base model, head,
+  head option or data option is refused unless `--allow_config_change`.
 - The resolved config is written as `config.yaml` / `config.json`; a resume writes its own copy beside them
   (`config.resume-<checkpoint>.*`) and never overwrites the original.
 
@@ -30,6 +30,7 @@ import yaml
 
 from prismatic.conf.data import DataOptions
 from prismatic.conf.train import LATEST, TrainConfig
+from prismatic.models.action_heads.options import options_group_name
 from prismatic.models.checkpoint_format import (
     complete_checkpoints,
     is_sharded_checkpoint,
@@ -72,14 +73,23 @@ IDENTITY: dict[str, tuple[str, str]] = {
 
 
 def run_identity(cfg: TrainConfig) -> dict[str, Any]:
-    """What makes a run the same experiment: the value of every `IDENTITY` attribute of `cfg`."""
+    """What makes a run the same experiment: the value of every `IDENTITY` attribute of `cfg`, then each option of
+    the chosen head (`head.<group>.<option>`: they decide its modules, like the head itself)."""
     identity = {}
     for key, (_, attribute) in IDENTITY.items():
         value: Any = cfg
         for part in attribute.split("."):
             value = getattr(value, part)
         identity[key] = value
+    group = options_group_name(cfg.vla.action_head)
+    for name, value in cfg.vla.head_options().items():
+        identity[f"head.{group}.{name}"] = value
     return identity
+
+
+def _identity_flag(key: str) -> str:
+    """The flag that sets identity key `key` (a head option's is `--vla.head.<group>.<option>`)."""
+    return IDENTITY[key][0] if key in IDENTITY else f"--vla.{key}"
 
 
 def check_resume_compatible(
@@ -96,7 +106,8 @@ def check_resume_compatible(
         ConfigError: naming each difference and the flags that continue the run as it was.
     """
     differences, fixes = [], []
-    for key, (flag, _) in IDENTITY.items():
+    for key in dict.fromkeys([*IDENTITY, *current]):
+        flag = _identity_flag(key)
         if key in saved and key in current and saved[key] != current[key]:
             differences.append(f"{flag} {current[key]} (the checkpoint's run used {saved[key]})")
             fixes.append(f"{flag} {saved[key]}")

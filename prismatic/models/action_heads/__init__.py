@@ -3,7 +3,9 @@ the batch transform and the policy call a head and never know the representation
 one registry entry (`registry.py`: `ACTION_HEADS.register(name, "module:Class")`).
 
 A head owns, for its representation:
-    - its read-out module: `build_module` gives the VLM its `action_head` (`PrismaticVLM.attach_action_modules`);
+    - its module: `build_module` gives the VLM its `action_head` (`PrismaticVLM.attach_action_modules`), whose
+      `forward(HeadInputs)` gets the LLM's last hidden states, their masks and the head's own inputs (targets,
+      proprio, a generator) and returns a `HeadModuleOutput`;
     - the text layout of a training frame (`layout`): which ids follow the prompt and which carry labels;
     - the loss and the metric sums of a batch (`__call__`), and which ratios of those sums are reported;
     - its decoding at inference (`predict`): a batch of requests -> normalised actions (and token ids);
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
     from prismatic.models.action_heads.base import (
         ActionHead,
         DecodeRequest,
+        HeadInputs,
+        HeadModule,
+        HeadModuleOutput,
         HeadOutput,
         HeadPrediction,
         ProprioProjector,
@@ -46,7 +51,17 @@ if TYPE_CHECKING:
 _BASE = "prismatic.models.action_heads.base"
 _LAZY = {
     **dict.fromkeys(
-        ("ActionHead", "DecodeRequest", "HeadOutput", "HeadPrediction", "ProprioProjector"), _BASE
+        (
+            "ActionHead",
+            "DecodeRequest",
+            "HeadInputs",
+            "HeadModule",
+            "HeadModuleOutput",
+            "HeadOutput",
+            "HeadPrediction",
+            "ProprioProjector",
+        ),
+        _BASE,
     ),
     **dict.fromkeys(("L1ChunkActionHead", "L1ChunkMLP"), "prismatic.models.action_heads.l1_chunk"),
     **dict.fromkeys(("TokenActionHead", "token_layout"), "prismatic.models.action_heads.tokens"),
@@ -59,6 +74,9 @@ __all__ = [
     "ActionHead",
     "ActionSpec",
     "DecodeRequest",
+    "HeadInputs",
+    "HeadModule",
+    "HeadModuleOutput",
     "HeadOutput",
     "HeadPrediction",
     "L1ChunkActionHead",

@@ -3,6 +3,12 @@
 A head is called with the (possibly FSDP- or DDP-wrapped) model and a batch already on the device: it must call the
 model through its `forward` (wrappers hook it). At inference the policy prepares a `DecodeRequest` and the head
 returns a `HeadPrediction` in normalised units; the policy un-normalises it, whatever the head.
+
+A head with a module of its own (`build_module`: the VLM's `action_head`) gets, inside the VLM's forward, one
+`HeadInputs`: the LLM's last hidden states with their masks, plus the head's own training inputs the caller passed
+to the VLM (target actions, proprio, a generator for its noise). Its module's `forward(inputs)` turns them into a
+`HeadModuleOutput`, so the module runs through `forward` (what FSDP and DDP hook) and decides alone which
+positions it reads and how.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_outputs import ModelOutput
 
 from prismatic.models.action_heads.registry import ActionSpec, is_chunked
 from prismatic.models.backbones.vision.base_vision import PixelValues
@@ -26,6 +33,56 @@ from prismatic.models.compile_scope import DEFAULT_COMPILE_SCOPE
 class HeadOutput:
     loss: torch.Tensor  # scalar, the mean loss of this micro-batch (what backward sees)
     sums: torch.Tensor  # float64 [B, len(head.columns)], detached: the per-sample metric sums
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """What the VLM hands its head module after the LLM ran (`PrismaticVLM.forward` with an `action_mask`).
+
+    Sequence positions S are the LLM's: BOS, the `num_prefix_tokens` prefix positions (patches, proprio), then the
+    text; padding is on the right.
+    """
+
+    hidden_BSE: torch.Tensor  # the LLM's last (normed) hidden states [B, S, llm_dim]
+    mask_BS: torch.Tensor  # bool [B, S]: True at real positions, False at padding
+    action_mask_BS: torch.Tensor  # bool [B, S]: True at the head layout's action positions
+    num_prefix_tokens: int  # positions 1 .. num_prefix_tokens hold the image patches (and the proprio token)
+    actions: torch.Tensor | None = None  # [B, K, D] normalised targets (training)
+    proprio: torch.Tensor | None = None  # [B, P] normalised proprio, for a model that reads it
+    generator: torch.Generator | None = None  # the head's noise, on the device
+
+    def action_hidden(self, count: int) -> torch.Tensor:
+        """`[B, count, llm_dim]`: the hidden states at the first `count` action positions of every row, in order.
+
+        Every row of a head's layout holds the same number of action positions, so `count` is the head's to know;
+        they are gathered by a stable sort of the mask, not by boolean indexing, which would wait for the device.
+        """
+        order = torch.sort(self.action_mask_BS.to(torch.uint8), dim=1, descending=True, stable=True).indices
+        order = order[:, :count]
+        return self.hidden_BSE.gather(1, order[..., None].expand(-1, -1, self.hidden_BSE.shape[-1]))
+
+
+@dataclass
+class HeadModuleOutput(ModelOutput):
+    """A head module's answer to `HeadInputs` (a `ModelOutput`, so that FSDP and DDP find its tensors).
+
+    `actions`: the predicted chunk `[B, chunk_size, action_dim]` in normalised units, where the module predicts one
+    in this forward (a regression head always; a sampling head at inference). `prediction` / `target`: what a head
+    whose loss is not on `actions` compares (e.g. a flow head's velocity and its target), float32.
+    """
+
+    actions: torch.Tensor | None = None
+    prediction: torch.Tensor | None = None
+    target: torch.Tensor | None = None
+
+
+class HeadModule(nn.Module, ABC):
+    """A head's module (`ActionHead.build_module`, the VLM's `action_head`): `forward(HeadInputs)` ->
+    `HeadModuleOutput`. It runs inside the VLM's forward, so under FSDP / DDP it is hooked like the rest."""
+
+    @abstractmethod
+    def forward(self, inputs: HeadInputs) -> HeadModuleOutput:
+        """The module's output for one batch (see `HeadModuleOutput`)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +102,9 @@ class DecodeRequest:
     compile_steps: bool = False  # token heads, static cache: torch.compile its prefill and step first
     # What compile_steps compiles: each ViT block and decoder layer ("layers") or each function ("whole").
     compile_scope: str = DEFAULT_COMPILE_SCOPE
+    seed: int = (
+        0  # heads that sample (flow): the seed of their noise, so the same request gets the same actions
+    )
 
 
 @dataclass(frozen=True)
@@ -80,8 +140,9 @@ class ActionHead(ABC):
         return self.spec.chunk_size - 1
 
     @classmethod
-    def build_module(cls, spec: ActionSpec, llm_dim: int) -> nn.Module | None:
-        """The read-out module the VLM gets as `action_head` (`PrismaticVLM.attach_action_modules`); None: none."""
+    def build_module(cls, spec: ActionSpec, llm_dim: int) -> HeadModule | None:
+        """The module the VLM gets as `action_head` (`PrismaticVLM.attach_action_modules`), which the VLM's forward
+        with an `action_mask` calls with `HeadInputs`; None: the head has none (it reads the LM head's logits)."""
         return None
 
     @abstractmethod
@@ -107,6 +168,35 @@ class ActionHead(ABC):
         if batch.get("proprio") is not None:
             inputs["proprio"] = batch["proprio"]
         return inputs
+
+
+def module_forward(
+    head: ActionHead, vlm: nn.Module, request: DecodeRequest, **head_inputs: Any
+) -> HeadModuleOutput:
+    """One forward of `vlm` over the requests laid out by `head.layout` (with an empty chunk: a head with a module
+    reads no action values at inference), right-padded as the training collator pads; `head_inputs` go to the
+    head module (`generator`). What `predict` of a head with a module runs."""
+    empty = np.zeros((head.spec.chunk_size, request.action_dim), np.float32)
+    rows = [head.layout(list(ids), empty, request.eos_id) for ids in request.prompt_ids]
+    length = max(len(row["input_ids"]) for row in rows)
+    input_ids = torch.full((len(rows), length), request.pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    action_mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        input_ids[i, :n], attention_mask[i, :n], action_mask[i, :n] = (
+            row["input_ids"],
+            True,
+            row["action_mask"],
+        )
+    return vlm(
+        input_ids=input_ids.to(request.device),
+        attention_mask=attention_mask.to(request.device),
+        pixel_values=request.pixel_values,
+        proprio=request.proprio,
+        action_mask=action_mask.to(request.device),
+        **head_inputs,
+    )
 
 
 class ProprioProjector(nn.Module):

@@ -2,7 +2,8 @@
 
 `chunk_size * action_dim` empty action positions follow the prompt (their embeddings are zero), attend to each
 other and to the prompt (which does not see them), and an MLP on their last hidden states (`L1ChunkMLP`, the VLM's
-`action_head` module) predicts the whole chunk of normalised actions in one forward.
+`action_head` module, which picks those positions out of the `HeadInputs` the VLM hands it) predicts the whole
+chunk of normalised actions in one forward.
 """
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prismatic.models.action_heads.base import ActionHead, DecodeRequest, HeadOutput, HeadPrediction
+from prismatic.models.action_heads.base import (
+    ActionHead,
+    DecodeRequest,
+    HeadInputs,
+    HeadModule,
+    HeadModuleOutput,
+    HeadOutput,
+    HeadPrediction,
+    module_forward,
+)
+from prismatic.models.action_heads.options import L1ChunkOptions
 from prismatic.models.action_heads.registry import ActionSpec
 from prismatic.models.decoding import PolicyInputError
 from prismatic.util.constants import IGNORE_INDEX
@@ -32,26 +43,39 @@ class ResidualMLPBlock(nn.Module):
         return x + F.relu(self.linear(self.norm(x)))
 
 
-class L1ChunkMLP(nn.Module):
+class L1ChunkMLP(HeadModule):
     """Hidden states of one chunk step's `action_dim` positions, concatenated -> that step's action.
 
     `[B, K, action_dim * llm_dim]` -> LayerNorm -> Linear(-> llm_dim) -> ReLU -> 2 residual blocks -> LayerNorm ->
-    Linear(-> action_dim): `[B, K, action_dim]` (OpenVLA-OFT's L1 regression head, MLPResNet with 2 blocks).
+    Linear(-> action_dim): `[B, K, action_dim]` (OpenVLA-OFT's L1 regression head, MLPResNet with 2 blocks;
+    `--vla.head.l1_chunk.mlp_blocks` changes the count).
+    `forward` reads the K * action_dim action positions of the VLM's `HeadInputs`; `read_out` is the MLP alone.
     """
 
-    def __init__(self, llm_dim: int, action_dim: int, num_blocks: int = 2) -> None:
+    def __init__(self, llm_dim: int, action_dim: int, chunk_size: int = 1, num_blocks: int = 2) -> None:
         super().__init__()
+        self.action_dim, self.chunk_size = action_dim, chunk_size
         self.input_norm = nn.LayerNorm(action_dim * llm_dim)
         self.input = nn.Linear(action_dim * llm_dim, llm_dim)
         self.blocks = nn.ModuleList(ResidualMLPBlock(llm_dim) for _ in range(num_blocks))
         self.output_norm = nn.LayerNorm(llm_dim)
         self.output = nn.Linear(llm_dim, action_dim)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def read_out(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[B, K, action_dim * llm_dim]` -> `[B, K, action_dim]`."""
         x = F.relu(self.input(self.input_norm(hidden)))
         for block in self.blocks:
             x = block(x)
         return self.output(self.output_norm(x))
+
+    def forward(self, inputs: HeadInputs) -> HeadModuleOutput:
+        """The chunk `[B, chunk_size, action_dim]` from the hidden states at the layout's action positions."""
+        slots = inputs.action_hidden(self.chunk_size * self.action_dim)
+        slots = slots.reshape(slots.shape[0], self.chunk_size, self.action_dim * slots.shape[-1])
+        actions = self.read_out(slots)
+        # FSDP2 hooks the output for backward; a view (Linear's 3D output is one) would warn that an in-place op on
+        # it could skip that hook.
+        return HeadModuleOutput(actions=actions.clone() if actions._is_view() else actions)
 
 
 class L1ChunkActionHead(ActionHead):
@@ -71,8 +95,10 @@ class L1ChunkActionHead(ActionHead):
         }
 
     @classmethod
-    def build_module(cls, spec: ActionSpec, llm_dim: int) -> nn.Module:
-        return L1ChunkMLP(llm_dim, spec.action_dim)
+    def build_module(cls, spec: ActionSpec, llm_dim: int) -> L1ChunkMLP:
+        # A subclass registered without options (the docs' l2-chunk) gets the defaults.
+        options = L1ChunkOptions(**spec.head_options) if spec.head_options else L1ChunkOptions()
+        return L1ChunkMLP(llm_dim, spec.action_dim, spec.chunk_size, options.mlp_blocks)
 
     @property
     def num_slots(self) -> int:
@@ -126,28 +152,9 @@ class L1ChunkActionHead(ActionHead):
             raise PolicyInputError(
                 f"This policy predicts {self.spec.action_dim}-dim actions; the unnorm key asks for {action_dim}."
             )
-        empty = np.zeros((chunk, action_dim), np.float32)
-        rows = [self.layout(list(ids), empty, request.eos_id) for ids in request.prompt_ids]
-        length = max(len(row["input_ids"]) for row in rows)
-        input_ids = torch.full((len(rows), length), request.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        action_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        for i, row in enumerate(rows):  # right padding, as the training collator pads
-            n = len(row["input_ids"])
-            input_ids[i, :n], attention_mask[i, :n], action_mask[i, :n] = (
-                row["input_ids"],
-                True,
-                row["action_mask"],
-            )
-        output = vlm(
-            input_ids=input_ids.to(request.device),
-            attention_mask=attention_mask.to(request.device),
-            pixel_values=request.pixel_values,
-            proprio=request.proprio,
-            action_mask=action_mask.to(request.device),
-        )
+        output = module_forward(self, vlm, request)
         normalized = output.actions.float().cpu().numpy().astype(np.float64)
-        batch = len(rows)
+        batch = len(request.prompt_ids)
         return HeadPrediction(
             np.zeros((batch, 0), np.int64),
             normalized,

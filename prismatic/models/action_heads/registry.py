@@ -1,15 +1,17 @@
 """The action-head registry and `ActionSpec`: the torch-free half of the heads, which the config reads.
 
-`ACTION_HEADS` maps each `--vla.action_head` name to its class ("module:Class", imported on first use) and the one
-fact the config checks without torch: `chunked` (actions come out as chunks `[chunk_size, action_dim]`, so
-`--vla.chunk_size` may exceed 1). A new head is its class plus one `ACTION_HEADS.register(...)` line; a plugin
-registers its own class the same way.
+`ACTION_HEADS` maps each `--vla.action_head` name to its class ("module:Class", imported on first use) and the
+facts the config reads without torch: `chunked` (actions come out as chunks `[chunk_size, action_dim]`, so
+`--vla.chunk_size` may exceed 1) and `options` (its options dataclass, "module:Class" in a torch-free module: the
+`--vla.head.<head>.*` flags, `options.py`). A new head is its folder plus one `ACTION_HEADS.register(...)` line; a
+plugin registers its own class the same way.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from prismatic.util.errors import ConfigError
@@ -20,7 +22,12 @@ if TYPE_CHECKING:
 
 ACTION_HEADS = LazyRegistry("action head")
 ACTION_HEADS.register("tokens", "prismatic.models.action_heads.tokens:TokenActionHead", chunked=False)
-ACTION_HEADS.register("l1-chunk", "prismatic.models.action_heads.l1_chunk:L1ChunkActionHead", chunked=True)
+ACTION_HEADS.register(
+    "l1-chunk",
+    "prismatic.models.action_heads.l1_chunk:L1ChunkActionHead",
+    chunked=True,
+    options="prismatic.models.action_heads.options:L1ChunkOptions",
+)
 
 
 def is_chunked(head: str) -> bool:
@@ -28,12 +35,44 @@ def is_chunked(head: str) -> bool:
     return bool(ACTION_HEADS.fact(head, "chunked", True))
 
 
+def head_options_class(head: str) -> type | None:
+    """The options dataclass registered with head `head` (imported now; a torch-free module), or None."""
+    target = ACTION_HEADS.fact(head, "options")
+    if isinstance(target, str):
+        module, _, name = target.partition(":")
+        target = getattr(importlib.import_module(module), name)
+    return target
+
+
+def read_head_options(head: str, given: Mapping[str, Any], where: str = "action spec") -> dict[str, Any]:
+    """`given` completed with head `head`'s defaults and checked by its options class; {} for a head without.
+
+    Raises:
+        ConfigError: an option the head does not have, or a value its options class refuses.
+    """
+    cls = head_options_class(head)
+    if cls is None:
+        if given:
+            raise ConfigError(f"{where}: the '{head}' head has no options, but {dict(given)} were given.")
+        return {}
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{where}: the '{head}' head has no option(s) {unknown}; its options: {', '.join(known)}."
+        )
+    return asdict(cls(**dict(given)))
+
+
 @dataclass(frozen=True)
 class ActionSpec:
     """What a VLA's action side looks like; recorded in a run's / export's config.json (`action_model`).
 
     `proprio_dim` 0 means no proprio input; `action_dim` is the width of one action (7 for OpenVLA's EEF delta +
-    gripper); `num_images` camera views are featurised one after the other.
+    gripper); `num_images` camera views are featurised one after the other. `head_options` are the head's own
+    options (`--vla.head.<head>.*`), completed with its defaults on construction, so a spec read from a file
+    written before a head had options equals one built today; `to_dict` leaves them out while they are the
+    defaults.
     """
 
     head: str = "tokens"
@@ -41,9 +80,19 @@ class ActionSpec:
     action_dim: int = 7
     proprio_dim: int = 0
     num_images: int = 1
+    head_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head in ACTION_HEADS:  # an unknown head is `from_dict`'s (or the builder's) to refuse
+            object.__setattr__(
+                self, "head_options", read_head_options(self.head, self.head_options, f"head '{self.head}'")
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        if self.head not in ACTION_HEADS or self.head_options == read_head_options(self.head, {}):
+            del values["head_options"]
+        return values
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], where: str = "config") -> ActionSpec:
@@ -52,9 +101,10 @@ class ActionSpec:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"{where}: unknown action_model keys {unknown}; known: {sorted(known)}.")
-        spec = cls(**dict(values))
-        ACTION_HEADS.check(spec.head)
-        return spec
+        head = values.get("head", cls.head)
+        ACTION_HEADS.check(head)
+        options = read_head_options(head, values.get("head_options") or {}, f"{where}: head_options")
+        return cls(**{**values, "head_options": options})
 
     @property
     def is_default(self) -> bool:

@@ -5,24 +5,25 @@ Sequence layout fed to the LLM (L text tokens, P patches per image, N images, op
 Prefix positions attend (mask 1) but are never predicted (label IGNORE_INDEX); the LLM's own HF loss does the
 shift-by-one. `freeze_backbones(stage)` implements OpenVLA's four VLA training stages.
 
-`attach_action_modules` adds what an action spec needs: the head's read-out module, if it has one
-(`prismatic/models/action_heads/`: an MLP that reads the LLM's last hidden states at the action positions,
-`action_head`), and a proprio projector (`proprio_projector`). With an `action_mask`, the forward pass is
-OpenVLA-OFT's parallel decoding: the masked positions' embeddings are zero, they attend to each other and to
-everything before them, nothing before them attends to them, and the output carries the predicted actions
-instead of logits.
+`attach_action_modules` adds what an action spec needs: the head's module, if it has one
+(`prismatic/models/action_heads/`, `action_head`), and a proprio projector (`proprio_projector`). With an
+`action_mask`, the forward pass is OpenVLA-OFT's parallel decoding: the masked positions' embeddings are zero, they
+attend to each other and to everything before them, nothing before them attends to them, and the LLM's last hidden
+states go, with their masks and the head's own inputs (`actions`, `proprio`, `generator`), to the head module as one
+`HeadInputs`; its `HeadModuleOutput` (predicted actions, or what its loss compares) is the output instead of logits.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
-from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from prismatic.models.action_heads.base import ProprioProjector
+from prismatic.models.action_heads.base import HeadInputs, HeadModuleOutput, ProprioProjector
 from prismatic.models.action_heads.registry import ACTION_HEADS, ActionSpec
 from prismatic.models.backbones.llm.base_llm import LLMBackbone
 from prismatic.models.backbones.vision.base_vision import PixelValues, VisionBackbone
@@ -53,11 +54,8 @@ def _count(params: list[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
 
-@dataclass
-class ActionChunkOutput(ModelOutput):
-    """Output of a parallel-decoding forward: `actions` `[B, chunk_size, action_dim]` (normalised units)."""
-
-    actions: torch.Tensor | None = None
+# The output of a forward with an `action_mask` (the name callers knew before heads had a module protocol).
+ActionChunkOutput = HeadModuleOutput
 
 
 def parallel_decoding_mask(attention_mask: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -123,7 +121,7 @@ class PrismaticVLM(nn.Module):
             raise ConfigError(
                 f"This VLM was trained with action spec {self.action_spec.to_dict()} and cannot be given "
                 f"{spec.to_dict()}: start from a model without an action head (a base VLM) or use the same "
-                "--vla.action_head / --vla.chunk_size / --vla.use_proprio / --vla.num_images."
+                "--vla.action_head / --vla.chunk_size / --vla.use_proprio / --vla.num_images / --vla.head.* options."
             )
         device = self.llm_backbone.llm.get_input_embeddings().weight.device
         llm_dim = self.llm_backbone.embed_dim
@@ -262,7 +260,9 @@ class PrismaticVLM(nn.Module):
         proprio: torch.Tensor | None = None,
         action_mask: torch.Tensor | None = None,
         logits_positions: torch.Tensor | None = None,
-    ) -> CausalLMOutputWithPast | ActionChunkOutput:
+        actions: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> CausalLMOutputWithPast | HeadModuleOutput:
         """Run the VLM on a batch where every example has an image.
 
         Args:
@@ -271,12 +271,17 @@ class PrismaticVLM(nn.Module):
             pixel_values: `[B, 3, H, W]` (`[B, 3N, H, W]` for N views), or a dict of them for fused backbones.
             labels: `[B, L]` with IGNORE_INDEX where no loss is wanted; None for no loss.
             proprio: `[B, proprio_dim]` normalised proprio (VLMs with a proprio projector only).
-            action_mask: `[B, L]` bool, True at the action positions: parallel decoding through the `action_head`
-                module (module docstring); `labels` are then ignored.
+            action_mask: `[B, L]` bool, True at the action positions (a head may have none): parallel decoding
+                through the `action_head` module (module docstring); `labels` are then ignored.
+            logits_positions: `[B, K]` positions whose logits alone are computed (the tokens head's speed path).
+            actions: `[B, K, D]` normalised target actions, handed to the head module (heads whose forward needs
+                them in training, e.g. to noise them); with `action_mask` only.
+            generator: the head module's source of randomness (same seed, same noise); with `action_mask` only.
 
         Returns:
             Without `action_mask`, the LLM's output: `logits` `[B, 1 + prefix + (L - 1), vocab]` and, with labels,
-            the mean token loss. With it, `ActionChunkOutput.actions` `[B, chunk_size, action_dim]`.
+            the mean token loss. With it, the head module's `HeadModuleOutput` (`actions` `[B, chunk_size,
+            action_dim]` for a chunk head).
         """
         text_embeddings = self.llm_backbone.embed_input_ids(input_ids)
         prefix = self.prefix_embeddings(pixel_values, proprio)
@@ -289,7 +294,8 @@ class PrismaticVLM(nn.Module):
             prefix_mask = attention_mask.new_ones((batch_size, num_prefix))
             attention_mask = torch.cat([attention_mask[:, :1], prefix_mask, attention_mask[:, 1:]], dim=1)
         if action_mask is not None:
-            return self._parallel_decode(inputs_embeds, attention_mask, action_mask, num_prefix)
+            head_inputs = {"actions": actions, "proprio": proprio, "generator": generator}
+            return self._parallel_decode(inputs_embeds, attention_mask, action_mask, num_prefix, head_inputs)
         if logits_positions is not None:
             logits = self.llm_backbone.logits_at(inputs_embeds, attention_mask, logits_positions)
             return CausalLMOutputWithPast(logits=logits)
@@ -307,7 +313,9 @@ class PrismaticVLM(nn.Module):
         attention_mask: torch.Tensor | None,
         action_mask: torch.Tensor,
         num_prefix: int,
-    ) -> ActionChunkOutput:
+        head_inputs: dict[str, Any],
+    ) -> HeadModuleOutput:
+        """Run the LLM under the parallel-decoding mask and hand its last hidden states to the head module."""
         if not hasattr(self, "action_head"):
             raise ValueError(
                 f"action_mask given, but this VLM has no action head module (its head is '{self.action_spec.head}')."
@@ -321,16 +329,11 @@ class PrismaticVLM(nn.Module):
             attention_mask = full_actions.new_ones((batch_size, seq_len))
         mask = parallel_decoding_mask(attention_mask, full_actions)
         hidden = self.llm_backbone.last_hidden_state(inputs_embeds, mask)
-        spec = self.action_spec
-        # Every row holds exactly chunk_size * action_dim action positions (the head's layout); they are gathered in
-        # order by a stable sort of the mask, not by boolean indexing, which would wait for the device.
-        count = spec.chunk_size * spec.action_dim
-        order = torch.sort(full_actions.to(torch.uint8), dim=1, descending=True, stable=True).indices[
-            :, :count
-        ]
-        slots = hidden.gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))
-        slots = slots.reshape(batch_size, spec.chunk_size, spec.action_dim * hidden.shape[-1])
-        actions = self.action_head(slots)
-        # FSDP2 hooks the output for backward; a view (Linear's 3D output is one) would warn that an in-place op on
-        # it could skip that hook.
-        return ActionChunkOutput(actions=actions.clone() if actions._is_view() else actions)
+        inputs = HeadInputs(
+            hidden_BSE=hidden,
+            mask_BS=attention_mask.bool(),
+            action_mask_BS=full_actions,
+            num_prefix_tokens=num_prefix,
+            **head_inputs,
+        )
+        return self.action_head(inputs)
