@@ -55,7 +55,8 @@ class VLAConfig(ChoiceRegistry):
     # Action representation (prismatic/models/action_heads/). "tokens": OpenVLA's 256-bin action tokens,
     # decoded one dimension per forward. "l1-chunk": OpenVLA-OFT's recipe, a chunk of `chunk_size` continuous
     # actions predicted in one forward (parallel decoding) by an MLP on the LLM's last hidden states, L1 loss.
-    action_head: str = "tokens"  # tokens or l1-chunk
+    # "flow": π0's recipe, a chunk sampled by a flow-matching expert attending to the LLM's hidden states.
+    action_head: str = "tokens"  # tokens, l1-chunk or flow
     chunk_size: int = 1  # actions predicted per forward (the current one and chunk_size - 1 future ones)
     use_proprio: bool = False  # feed the normalised proprio state through a projector into the sequence
     num_images: int = 1  # camera views per frame: the primary image, then the dataset's wrist image(s)

@@ -16,6 +16,8 @@ Heads:
               next-token cross-entropy on the action tokens (and EOS); decoded one token per forward (`tokens.py`).
     l1-chunk  OpenVLA-OFT: a chunk of `chunk_size` continuous actions predicted in one forward by an MLP on the
               LLM's last hidden states; L1 loss (`l1_chunk.py`).
+    flow      π0: a chunk sampled by a flow-matching transformer expert that attends to the LLM's last hidden
+              states; velocity MSE in training, Euler steps from seeded noise at inference (`flow/`).
 
 Importing this package loads no torch: the registry and `ActionSpec` are plain data (the config reads them); the
 head classes load with the first name used.

@@ -28,6 +28,12 @@ ACTION_HEADS.register(
     chunked=True,
     options="prismatic.models.action_heads.options:L1ChunkOptions",
 )
+ACTION_HEADS.register(
+    "flow",
+    "prismatic.models.action_heads.flow.head:FlowActionHead",
+    chunked=True,
+    options="prismatic.models.action_heads.flow.options:FlowOptions",
+)
 
 
 def is_chunked(head: str) -> bool:

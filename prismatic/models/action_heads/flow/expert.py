@@ -23,52 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prismatic.util.errors import ConfigError
+from prismatic.models.action_heads.flow.options import FlowExpertOptions
 
 # π0's time embedding periods (openpi `posemb_sincos(timestep, width, min_period=4e-3, max_period=4.0)`): the
 # shortest wave resolves time steps of a few thousandths, the longest spans the unit interval.
 TIME_MIN_PERIOD = 4e-3
 TIME_MAX_PERIOD = 4.0
-
-
-@dataclass(frozen=True)
-class FlowExpertOptions:
-    """The expert's size. The defaults are π0's action expert (openpi's `gemma_300m`: width 1024, 18 layers, MLP
-    4096, 8 heads), a few percent of a 7B VLM's parameters beside it; tests use tiny ones.
-
-    Raises:
-        ConfigError: a size is not a positive integer, `width` is odd or not a multiple of `num_heads`, or
-            `mlp_ratio` is not positive.
-    """
-
-    width: int = 1024
-    depth: int = 18
-    num_heads: int = 8
-    mlp_ratio: float = 4.0
-
-    def __post_init__(self) -> None:
-        for name in ("width", "depth", "num_heads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"The flow expert's {name} must be a positive integer; got {value!r}.")
-        if self.width % self.num_heads or self.width % 2:
-            raise ConfigError(
-                f"The flow expert's width must be even and a multiple of its num_heads (each head gets width / "
-                f"num_heads channels, and the time embedding pairs sines with cosines); got width {self.width} "
-                f"with num_heads {self.num_heads}."
-            )
-        if (
-            isinstance(self.mlp_ratio, bool)
-            or not isinstance(self.mlp_ratio, int | float)
-            or self.mlp_ratio <= 0
-        ):
-            raise ConfigError(
-                f"The flow expert's mlp_ratio (MLP width / width) must be a positive number; got {self.mlp_ratio!r}."
-            )
-
-    @property
-    def mlp_width(self) -> int:
-        return max(1, round(self.width * self.mlp_ratio))
 
 
 def time_embedding(

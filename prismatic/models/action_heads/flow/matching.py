@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 import torch
 
+from prismatic.models.action_heads.flow.options import DEFAULT_NUM_STEPS
 from prismatic.util.errors import ConfigError
 
 BETA_ALPHA = 1.5  # π0's time distribution: Beta(1.5, 1), which puts more samples near t = 1 (noisier inputs)
 TIME_SCALE = 0.999  # t = Beta * 0.999 + 0.001: t never reaches 0, where the input would be the target itself
 TIME_OFFSET = 0.001
-DEFAULT_NUM_STEPS = 10
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -1,0 +1,131 @@
+"""The flow head (`--vla.action_head flow`, π0's recipe): a flow-matching expert that reads the VLM's hidden states.
+
+The frame's text is the prompt alone (no action positions: the LLM never sees the actions); the VLM hands the head
+module (`FlowHeadModule`, the VLM's `action_head`) its last hidden states over BOS, patches, proprio and prompt with
+their padding mask, and, in training, the target chunk. The module encodes that prefix once for its expert, then:
+    training: draws a flow time and noise per sample (π0's rule, `matching.py`), noises the chunk, and returns the
+        expert's velocity and its target; the head's loss is their mean squared error;
+    inference: integrates the velocity from noise with `--vla.head.flow.num_steps` Euler steps, the noise drawn
+        from a generator seeded by the request (`DecodeRequest.seed`): the same request gives the same actions.
+Training noise comes from torch's global generator on the device, which checkpoints save and restore.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from prismatic.models.action_heads.base import (
+    ActionHead,
+    DecodeRequest,
+    HeadInputs,
+    HeadModule,
+    HeadModuleOutput,
+    HeadOutput,
+    HeadPrediction,
+    module_forward,
+)
+from prismatic.models.action_heads.flow.expert import FlowExpert
+from prismatic.models.action_heads.flow.matching import (
+    noisy_actions_and_target,
+    sample,
+    sample_noise,
+    sample_time,
+)
+from prismatic.models.action_heads.flow.options import FlowOptions
+from prismatic.models.action_heads.registry import ActionSpec
+from prismatic.models.decoding import PolicyInputError
+from prismatic.util.constants import IGNORE_INDEX
+
+
+class FlowHeadModule(HeadModule):
+    """The VLM's `action_head` for the flow head: its `expert` (a `FlowExpert`) and the sampler's step count."""
+
+    def __init__(self, options: FlowOptions, llm_dim: int, spec: ActionSpec) -> None:
+        super().__init__()
+        self.num_steps = options.num_steps
+        self.expert = FlowExpert(
+            options.expert_options(), llm_dim, spec.action_dim, spec.chunk_size, spec.proprio_dim
+        )
+
+    def forward(self, inputs: HeadInputs) -> HeadModuleOutput:
+        """Training (`inputs.actions` given): the velocity at a noised chunk and its target. Inference: the chunk."""
+        expert = self.expert
+        cache = expert.encode_prefix(inputs.hidden_BSE, inputs.mask_BS)
+        proprio = inputs.proprio if expert.proprio_dim else None
+        batch, device = inputs.hidden_BSE.shape[0], inputs.hidden_BSE.device
+        shape = (batch, expert.chunk_size, expert.action_dim)
+        generator = (
+            inputs.generator
+        )  # on its own device (the request's); torch's global one on `device` when None
+        draw_on = None if generator is not None else device
+        noise = sample_noise(shape, generator=generator, device=draw_on).to(device)
+        if inputs.actions is None:
+            actions = sample(lambda x_t, time: expert(cache, x_t, time, proprio), noise, self.num_steps)
+            return HeadModuleOutput(actions=actions)
+        time = sample_time(batch, generator=generator, device=draw_on).to(device)
+        x_t, target = noisy_actions_and_target(inputs.actions.to(device, torch.float32), noise, time)
+        return HeadModuleOutput(prediction=expert(cache, x_t, time, proprio), target=target)
+
+
+class FlowActionHead(ActionHead):
+    """π0's flow matching on the VLM's hidden states (module docstring). Targets are the pipeline's normalised
+    chunks `[chunk_size, action_dim]`; the loss is the velocity MSE over every element (openpi's)."""
+
+    uses_lm_head = False
+    columns = ("sq_sum", "values")
+    ratios = {"loss": ("sq_sum", "values"), "flow_mse": ("sq_sum", "values")}
+
+    def __init__(self, spec: ActionSpec, action_tokenizer: Any, num_prefix_tokens: int) -> None:
+        super().__init__(spec, action_tokenizer, num_prefix_tokens)
+        self.options = FlowOptions(**spec.head_options)
+
+    @classmethod
+    def build_module(cls, spec: ActionSpec, llm_dim: int) -> FlowHeadModule:
+        return FlowHeadModule(FlowOptions(**spec.head_options), llm_dim, spec)
+
+    def layout(self, prefix_ids: list[int], actions: np.ndarray, eos_id: int) -> dict[str, torch.Tensor]:
+        """The prompt alone, no labels, no action positions (`action_mask` all False: the VLM still hands its
+        hidden states to the head module); `actions` must be `[chunk_size, action_dim]`."""
+        expected = (self.spec.chunk_size, self.spec.action_dim)
+        if tuple(np.shape(actions)) != expected:
+            raise ValueError(
+                f"The flow head needs actions of shape {expected} (chunk_size, action_dim) per frame, got "
+                f"{tuple(np.shape(actions))}: build the pipeline with future_action_window_size = chunk_size - 1."
+            )
+        input_ids = torch.tensor(prefix_ids, dtype=torch.long)
+        return {
+            "input_ids": input_ids,
+            "labels": torch.full_like(input_ids, IGNORE_INDEX),
+            "action_mask": torch.zeros(len(input_ids), dtype=torch.bool),
+        }
+
+    def __call__(self, model: nn.Module, batch: dict[str, Any], *, with_loss: bool = True) -> HeadOutput:
+        actions = batch["actions"].to(device=batch["input_ids"].device, dtype=torch.float32)
+        output = model(**self.model_inputs(batch), action_mask=batch["action_mask"], actions=actions)
+        error = (output.prediction.float() - output.target.float()).square()  # [B, H, D]
+        loss = error.mean() if with_loss else error.new_zeros(())
+        with torch.no_grad():
+            e = error.detach().double()
+            sums = torch.stack([e.sum((1, 2)), e.new_full((e.shape[0],), float(e[0].numel()))], dim=1)
+        return HeadOutput(loss=loss, sums=sums)
+
+    @torch.inference_mode()
+    def predict(self, vlm: nn.Module, request: DecodeRequest) -> HeadPrediction:
+        """Sample a chunk per request: `num_steps` Euler steps from noise seeded by `request.seed`."""
+        action_dim, chunk = request.action_dim, self.spec.chunk_size
+        if action_dim != self.spec.action_dim:
+            raise PolicyInputError(
+                f"This policy predicts {self.spec.action_dim}-dim actions; the unnorm key asks for {action_dim}."
+            )
+        generator = torch.Generator(device=request.device).manual_seed(request.seed)
+        output = module_forward(self, vlm, request, generator=generator)
+        batch = len(request.prompt_ids)
+        return HeadPrediction(
+            np.zeros((batch, 0), np.int64),
+            output.actions.float().cpu().numpy().astype(np.float64),
+            np.full((batch, chunk, action_dim), np.nan, np.float32),
+        )
