@@ -61,7 +61,7 @@ class VLAConfig(ChoiceRegistry):
     use_proprio: bool = False  # feed the normalised proprio state through a projector into the sequence
     num_images: int = 1  # camera views per frame: the primary image, then the dataset's wrist image(s)
     # Each head's own options, one group per head (prismatic/models/action_heads/options.py): only the chosen
-    # head's are used, recorded in its action_model.json and checked when a run resumes.
+    # head's are used (in its action spec), recorded in config.yaml and checked when a run resumes.
     head: HeadOptions = field(default_factory=HeadOptions)  # --vla.head.<head>.*, e.g. --vla.head.l1_chunk.*
 
     # Optimisation
