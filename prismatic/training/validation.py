@@ -17,7 +17,13 @@ the ratios reported, so train and val curves compare. Every sum is over the fram
     l1_loss         |decode(prediction) - decode(target)| averaged over the action tokens (normalised action
                     units; decode = bin centre, `ActionTokenizer.decode_ids`).
 For `l1-chunk`: loss = l1_loss = |predicted - target| over every value of every chunk (normalised units), and
-l1_dim<d> per action dimension. Always: samples, the frames evaluated.
+l1_dim<d> per action dimension. For `flow`: loss = flow_mse, the velocity MSE under π0's training rule, and
+l1_loss = |sampled chunk - target| per value, the chunk sampled with the head's Euler sampler. Always: samples, the
+frames evaluated.
+
+Randomness: a head that draws noise (flow) takes it from a generator seeded per batch from the run seed, the rank,
+the dataset and the batch index (`batch_seed`), so two validations of the same weights give the same numbers and
+training's global RNG, which resumes restore, is not consumed.
 
 Why a fixed number of batches: FSDP all-gathers parameters inside forward, so every rank must run the same number
 of forward passes. Ranks' shards of a split differ in size; each rank runs exactly `num_batches` batches per
@@ -122,6 +128,7 @@ class Validator:
         num_batches: forward passes per rank per dataset, every run (the same on every rank).
         device: where the batches, the metric sums and the final all-reduce live.
         world_size: the ranks that run it (their sums are all-reduced).
+        seed: the run seed, from which every batch's generator is seeded (`batch_seed`).
 
     Raises:
         ValueError: `per_device_batch_size` or `num_batches` below 1, or no held-out stream.
@@ -137,6 +144,7 @@ class Validator:
         num_batches: int,
         device: torch.device | str = "cpu",
         world_size: int = 1,
+        seed: int = 0,
     ) -> None:
         if per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be >= 1, got {per_device_batch_size}.")
@@ -146,7 +154,7 @@ class Validator:
             raise ValueError("Validator needs at least one held-out stream.")
         self.collator, self.batch_size, self.num_batches = collator, per_device_batch_size, num_batches
         self.head, self.device, self.world_size = head, torch.device(device), world_size
-        self.held_out = list(held_out)
+        self.held_out, self.seed = list(held_out), seed
         self.dataset_names = [h.name for h in self.held_out]
         logger.info(
             "Validation: %d batches of %d held-out frames per rank on each of %s.",
@@ -166,6 +174,7 @@ class Validator:
         per_device_batch_size: int,
         num_batches: int,
         device: torch.device | str = "cpu",
+        seed: int = 0,
     ) -> Validator:
         """The validator of the training stream `spec`: every dataset of its mixture (`held_out_streams`), through
         the training transform and collator, on `spec`'s ranks."""
@@ -178,6 +187,7 @@ class Validator:
             num_batches=num_batches,
             device=device,
             world_size=spec.world_size,
+            seed=seed,
         )
 
     @torch.no_grad()
@@ -195,17 +205,19 @@ class Validator:
         replays may overwrite the last pass's outputs, already summed by then).
 
         Returns:
-            {"val/loss", "val/action_accuracy", "val/l1_loss", "val/samples"} overall, and the same four under
-            "val/<dataset>/..." for every evaluated dataset; identical on every rank.
+            "val/<ratio>" for each of the head's `eval_ratios` (e.g. loss, action_accuracy, l1_loss) and
+            "val/samples" overall, and the same under "val/<dataset>/..." for every evaluated dataset; identical
+            on every rank.
         """
         was_training = model.training
         model.eval()
-        width = len(self.head.columns) + 1  # the head's sums, then the sample count
+        width = len(self.head.eval_columns) + 1  # the head's sums, then the sample count
+        rank = dist.get_rank() if self.world_size > 1 and dist.is_initialized() else 0
         sums = torch.zeros(len(self.held_out), width, dtype=torch.float64, device=self.device)
         try:
             for row, held_out in enumerate(self.held_out):
                 with contextlib.closing(_cycle(held_out)) as frames:
-                    for _ in range(self.num_batches):
+                    for index in range(self.num_batches):
                         batch = self.collator(list(itertools.islice(frames, self.batch_size)))
                         batch = {
                             k: v if k == "dataset_names" else _to_device(v, self.device)
@@ -213,10 +225,12 @@ class Validator:
                         }
                         if before_forward is not None:
                             before_forward()
+                        generator = torch.Generator(device=self.device)
+                        generator.manual_seed(batch_seed(self.seed, rank, row, index))
                         with autocast() if autocast is not None else contextlib.nullcontext():
-                            output = self.head(model, batch, with_loss=False)
+                            batch_sums = self.head.evaluate(model, batch, generator=generator)
                         if held_out.counted:
-                            sums[row, :-1] += output.sums.sum(dim=0).to(self.device)
+                            sums[row, :-1] += batch_sums.sum(dim=0).to(self.device)
                             sums[row, -1] += len(batch["dataset_names"])
         finally:
             _reshard(model)
@@ -248,8 +262,18 @@ def build_validation(
         per_device_batch_size=cfg.vla.per_device_batch_size,
         num_batches=cfg.eval.num_batches,
         device=strategy.dist.device,
+        seed=cfg.seed,
     )
     return validator.for_strategy(strategy)
+
+
+def batch_seed(seed: int, rank: int, dataset_index: int, batch_index: int) -> int:
+    """The seed of one validation batch's generator: a function of where the batch is alone (the same in every
+    validation pass), different across ranks, datasets and batches, in [0, 2**63)."""
+    mixed = seed
+    for part in (rank, dataset_index, batch_index):
+        mixed = (mixed * 1_000_003 + part + 1) % 2**63
+    return mixed
 
 
 def _cycle(held_out: HeldOut) -> Iterator[dict[str, Any]]:
@@ -287,12 +311,12 @@ def _reshard(model: torch.nn.Module) -> None:
 
 def _metrics(names: list[str], head: ActionHead, sums: torch.Tensor) -> dict[str, float]:
     """The head's ratios of the reduced sums and the sample count, overall (pooled over datasets) and per dataset."""
-    columns = {name: i for i, name in enumerate(head.columns)}
+    columns = {name: i for i, name in enumerate(head.eval_columns)}
 
     def ratios(row: torch.Tensor) -> dict[str, float]:
         values = {
             key: (row[columns[num]] / row[columns[den]].clamp(min=1)).item()
-            for key, (num, den) in head.ratios.items()
+            for key, (num, den) in head.eval_ratios.items()
         }
         return {**values, "samples": row[-1].item()}
 

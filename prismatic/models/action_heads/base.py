@@ -130,6 +130,24 @@ class ActionHead(ABC):
         self.logits_at_labels = False
 
     @property
+    def eval_columns(self) -> tuple[str, ...]:
+        """Per-sample sums returned by `evaluate` (validation's): the training ones unless the head measures more."""
+        return self.columns
+
+    @property
+    def eval_ratios(self) -> dict[str, tuple[str, str]]:
+        """Validation's reported metric -> (numerator, denominator) of `eval_columns`."""
+        return self.ratios
+
+    def evaluate(
+        self, model: nn.Module, batch: dict[str, Any], *, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Held-out per-sample sums `[B, len(eval_columns)]` of `batch` (no loss). `generator`, seeded by the
+        validator per batch on the device, is the only randomness a head may use here, so that two validations
+        of the same weights agree and training's global RNG is left as it was. Default: the training sums."""
+        return self(model, batch, with_loss=False).sums
+
+    @property
     def chunked(self) -> bool:
         """Whether actions come out as chunks `[chunk_size, action_dim]` (the registry entry's `chunked`)."""
         return is_chunked(self.spec.head)

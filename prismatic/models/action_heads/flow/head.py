@@ -7,7 +7,9 @@ their padding mask, and, in training, the target chunk. The module encodes that 
         expert's velocity and its target; the head's loss is their mean squared error;
     inference: integrates the velocity from noise with `--vla.head.flow.num_steps` Euler steps, the noise drawn
         from a generator seeded by the request (`DecodeRequest.seed`): the same request gives the same actions.
-Training noise comes from torch's global generator on the device, which checkpoints save and restore.
+Training noise comes from torch's global generator on the device, which checkpoints save and restore. Validation
+(`FlowActionHead.evaluate`) reports the same loss and the L1 error of sampled chunks, all its noise drawn from a
+generator the validator seeds per batch: the same weights give the same numbers, and the global RNG is untouched.
 """
 
 from __future__ import annotations
@@ -52,15 +54,14 @@ class FlowHeadModule(HeadModule):
         )
 
     def forward(self, inputs: HeadInputs) -> HeadModuleOutput:
-        """Training (`inputs.actions` given): the velocity at a noised chunk and its target. Inference: the chunk."""
+        """With `inputs.actions`: the velocity at a noised chunk and its target, plus, in eval mode (validation),
+        a chunk sampled after them. Without (inference): the sampled chunk."""
         expert = self.expert
         cache = expert.encode_prefix(inputs.hidden_BSE, inputs.mask_BS)
         proprio = inputs.proprio if expert.proprio_dim else None
         batch, device = inputs.hidden_BSE.shape[0], inputs.hidden_BSE.device
         shape = (batch, expert.chunk_size, expert.action_dim)
-        generator = (
-            inputs.generator
-        )  # on its own device (the request's); torch's global one on `device` when None
+        generator = inputs.generator  # on its own device; torch's global one on `device` when None
         draw_on = None if generator is not None else device
         noise = sample_noise(shape, generator=generator, device=draw_on).to(device)
         if inputs.actions is None:
@@ -68,7 +69,14 @@ class FlowHeadModule(HeadModule):
             return HeadModuleOutput(actions=actions)
         time = sample_time(batch, generator=generator, device=draw_on).to(device)
         x_t, target = noisy_actions_and_target(inputs.actions.to(device, torch.float32), noise, time)
-        return HeadModuleOutput(prediction=expert(cache, x_t, time, proprio), target=target)
+        velocity = expert(cache, x_t, time, proprio)
+        if self.training:
+            return HeadModuleOutput(prediction=velocity, target=target)
+        # Validation (eval mode with targets): also sample a chunk from the same prefix, from noise drawn after
+        # the loss's, so held-out L1 costs no second LLM pass and the loss is the one training would report.
+        start = sample_noise(shape, generator=generator, device=draw_on).to(device)
+        actions = sample(lambda x, t: expert(cache, x, t, proprio), start, self.num_steps)
+        return HeadModuleOutput(actions=actions, prediction=velocity, target=target)
 
 
 class FlowActionHead(ActionHead):
@@ -78,6 +86,9 @@ class FlowActionHead(ActionHead):
     uses_lm_head = False
     columns = ("sq_sum", "values")
     ratios = {"loss": ("sq_sum", "values"), "flow_mse": ("sq_sum", "values")}
+    # Validation also samples (`evaluate`): l1_loss is |sampled chunk - target| per value, in normalised units.
+    eval_columns = ("sq_sum", "values", "abs_sum")
+    eval_ratios = {**ratios, "l1_loss": ("abs_sum", "values")}
 
     def __init__(self, spec: ActionSpec, action_tokenizer: Any, num_prefix_tokens: int) -> None:
         super().__init__(spec, action_tokenizer, num_prefix_tokens)
@@ -112,6 +123,24 @@ class FlowActionHead(ActionHead):
             e = error.detach().double()
             sums = torch.stack([e.sum((1, 2)), e.new_full((e.shape[0],), float(e[0].numel()))], dim=1)
         return HeadOutput(loss=loss, sums=sums)
+
+    def evaluate(
+        self, model: nn.Module, batch: dict[str, Any], *, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Held-out sums: the velocity MSE's (`sq_sum`, `values`) under π0's training rule and `abs_sum`, the L1
+        error of a chunk sampled with `num_steps` Euler steps against the target, all noise from `generator`
+        (the loss's noise and time first, then the sampler's start). The model must be in eval mode."""
+        actions = batch["actions"].to(device=batch["input_ids"].device, dtype=torch.float32)
+        inputs = self.model_inputs(batch)
+        output = model(**inputs, action_mask=batch["action_mask"], actions=actions, generator=generator)
+        if output.actions is None:
+            raise RuntimeError(
+                "The flow head module sampled no chunk: evaluate needs the model in eval mode."
+            )
+        sq = (output.prediction.float() - output.target.float()).square().double()
+        l1 = (output.actions.float() - actions).abs().double()
+        values = sq.new_full((sq.shape[0],), float(sq[0].numel()))
+        return torch.stack([sq.sum((1, 2)), values, l1.sum((1, 2))], dim=1)
 
     @torch.inference_mode()
     def predict(self, vlm: nn.Module, request: DecodeRequest) -> HeadPrediction:
