@@ -456,6 +456,10 @@ register_vla("tiny-lora+mx-toy", "tiny+mx-toy", use_lora=True, lora_rank=8, lora
 register_vla("tiny-icy+mx-toy", "tiny+mx-toy", freeze_vision_backbone=True)
 # OpenVLA-OFT's recipe at toy scale: 8-action chunks from an L1 head, parallel decoding, proprio input.
 register_vla("tiny-oft+mx-toy", "tiny+mx-toy", action_head="l1-chunk", chunk_size=8, use_proprio=True)
+# π0's recipe at toy scale: the same 8-action chunks and proprio, sampled by a flow-matching expert the tiny LLM's
+# size (width 64, 2 blocks, MLP 2x) with π0's 10 Euler steps.
+_TINY_FLOW_EXPERT = {"width": 64, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0, "num_steps": 10}
+register_vla("tiny-flow+mx-toy", "tiny-oft+mx-toy", action_head="flow", head={"flow": _TINY_FLOW_EXPERT})
 register_vla("tiny-sandwich+mx-toy", "tiny+mx-toy", freeze_llm_backbone=True, unfreeze_last_llm_layer=True)
 register_vla(
     "tiny-last_layer+mx-toy",
@@ -495,7 +499,8 @@ for _suite in _LIBERO_SUITES:
 # LIBERO recipes above on MT50's demonstrations (`collect_demos.py --task_suite MT50` names them metaworld_mt50), with
 # Meta-World's one camera; the steps are the recipes' LIBERO-Spatial budgets (no published Meta-World recipe of
 # either exists). The tiny ones are what `make demo` trains on 2 CPU cores: OFT's structure (8-action chunks from an
-# L1 head, proprio) fully fine-tuned (LoRA on a randomly initialised model only slows learning), and the tokens head. ===
+# L1 head, proprio) fully fine-tuned (LoRA on a randomly initialised model only slows learning), and the tokens head;
+# `tiny-flow+metaworld` is the OFT one with π0's flow head. ===
 register_vla("openvla-7b+metaworld_mt50", "openvla-7b+libero_spatial", data_mix="metaworld_mt50")
 register_vla(
     "openvla-oft-7b+metaworld_mt50", "openvla-oft-7b+libero_spatial", data_mix="metaworld_mt50", num_images=1
@@ -515,5 +520,8 @@ register_vla(
     warmup_ratio=0.1,
 )
 register_vla("tiny+metaworld", "tiny-oft+metaworld", action_head="tokens", chunk_size=1, use_proprio=False)
+register_vla(
+    "tiny-flow+metaworld", "tiny-oft+metaworld", action_head="flow", head={"flow": _TINY_FLOW_EXPERT}
+)
 
 DEFAULT_VLA_ID = "prism-dinosiglip-224px+mx-oxe-magic-soup-plus"
