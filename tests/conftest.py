@@ -72,12 +72,12 @@ def full_run(toy_data_root: Path, tmp_path_factory: pytest.TempPathFactory, work
 # module-scoped fixtures (toy runs, servers, simulators, tiny models) are built once, and modules are handed out in
 # collection order, which this hook sorts by the list below (the modules whose set-up takes minutes first, so that
 # the many short ones fill both workers at the end instead of one long module finishing alone);
-# benchmarks/results/2026-11-29-cpu-test-suite.md has the measurements.
+# benchmarks/results/2026-11-29-cpu-test-suite.md and 2026-11-29-cpu-test-suite-cost.md have the measurements.
 LONGEST_FIRST = (
-    "test_eval_libero.py",
     "test_metaworld_learning.py",
     "test_train_e2e.py",
     "test_resume_e2e.py",
+    "test_eval_libero.py",
     "test_oft_e2e.py",
     "test_validation.py",
     "test_new_model_family.py",
