@@ -251,7 +251,8 @@ def bench_preset(preset: str, args: argparse.Namespace, data: Path, work: Path) 
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The flags (docs/heads.md's command is checked against them)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -279,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predict_seconds", type=float, default=5.0, help="minimum time measuring actions/s")
     parser.add_argument("--actions_per_s_of", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timing_out", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Collect once, then train, evaluate and time each preset in turn; print and write the table."""
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     if args.actions_per_s_of is not None:  # the predict phase, in its own process
@@ -308,7 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         str(args.demos),
     ]
     collect += [*VIEW, "--num_workers", str(args.num_envs)]
-    collect_s = _run(collect, work / "logs" / "collect.log")  # collect_demos reuses a matching dataset itself
+    collect_settings = {"tasks": args.tasks, "demos": args.demos, "num_envs": args.num_envs}
+    collect_s = _phase(
+        work / "logs" / "collect.json", collect_settings, collect, work / "logs" / "collect.log"
+    )
 
     results: list[HeadResult] = []
     for preset in args.presets:

@@ -5,6 +5,8 @@ z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/n), z = 1.96)."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,20 @@ def test_markdown_table_rows() -> None:
 
 def test_run_id_of_a_preset() -> None:
     assert bench.run_id_of("tiny-oft+metaworld") == "tiny-oft_metaworld"
+
+
+def test_the_docs_command_parses() -> None:
+    """docs/heads.md's command passes only flags the script has (test_docs_commands checks vla_scripts/ only)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "heads.md").read_text()
+    (block,) = re.findall(r"```bash\n(.*?)```", text, re.S)
+    argv = shlex.split(block.replace("\\\n", " "))
+    while "=" in argv[0]:  # OMP_NUM_THREADS=1 WANDB_MODE=offline
+        argv.pop(0)
+    assert argv[:2] == [".venv/bin/python", "benchmarks/bench_heads.py"]
+    args = bench.build_parser().parse_args(argv[2:])
+    assert args.presets == [
+        "tiny+metaworld",
+        "tiny-oft+metaworld",
+        "tiny-flow+metaworld",
+        "tiny-fast+metaworld",
+    ]
