@@ -9,12 +9,14 @@ memory shared by the node's ranks) under a host memory size the test sets.
 
 One rank suffices for most of it: a gloo group of one in this process. The hybrid mesh needs two ranks on two
 "nodes": one `torchrun --nproc-per-node 2` of this file (its `__main__` is the worker), each rank told it is a node
-of its own (LOCAL_WORLD_SIZE=1, which torchrun sets per node on a real cluster).
+of its own (LOCAL_WORLD_SIZE=1, which torchrun sets per node on a real cluster). The same launch shards the tiny
+flow preset over both ranks in bf16: its expert's blocks are units of their own (`HeadModule.get_blocks`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from datetime import timedelta
@@ -472,6 +474,7 @@ def _worker(out_dir: Path) -> None:
         results[case] = describe_fsdp(strategy.model)
         dist.barrier()
     results["lora-auto"] = _lora_auto_on_stand_in_gpus(rank, world)
+    results["flow-bf16"] = _flow_head_fsdp_bf16_steps(rank, world)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
@@ -492,6 +495,43 @@ def _lora_auto_on_stand_in_gpus(rank: int, world: int) -> dict[str, str]:
     finally:
         torch.cuda.mem_get_info = real
     return picked
+
+
+def _flow_head_fsdp_bf16_steps(rank: int, world: int) -> dict[str, Any]:
+    """The tiny flow preset under fsdp-full-shard with bf16 mixed precision and activation checkpointing, over both
+    ranks: how its expert's blocks are built, and two training steps (the expert's gates and output start at zero,
+    so the blocks get gradients from the second step on)."""
+    from prismatic.training.metrics import StepMetrics
+    from prismatic.training.model_setup import attach_action_head
+    from prismatic.training.model_setup import build_vlm as build_run_vlm
+    from prismatic.training.trainer import train_step
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    torch.manual_seed(0)
+    vla = get_vla_config("tiny-flow+mx-toy")
+    vla.train_strategy, vla.enable_mixed_precision_training = "fsdp-full-shard", True
+    vla.per_device_batch_size, vla.global_batch_size = 2, 2 * world
+    vlm = build_run_vlm(vla, None)
+    stats = {"synthetic": {"action": {"q01": [-1.0] * 7}, "proprio": {"q01": [0.0] * 8}}}
+    head = attach_action_head(vlm, vla, stats)
+    strategy = get_train_strategy(vlm, vla, DistInfo(rank, rank, world, 1, CPU))
+    strategy.setup(2)
+    blocks = list(vlm.action_head.get_blocks())
+    params = [p for block in blocks for p in block.parameters()]
+    gates = [block.modulation.weight.detach().full_tensor() for block in blocks]
+    metrics = StepMetrics(["synthetic"], head, CPU)
+    batches = iter([synthetic_batch(vlm, head, 2, seed=2 * step + rank) for step in range(2)])
+    losses = [metrics.reduce(train_step(strategy, head, batches, metrics))["loss"] for _ in range(2)]
+    return {
+        "losses": losses,
+        "units": [type(b).__name__ for b in blocks if isinstance(b, FSDPModule)],
+        "param_dtype": [str(b._get_fsdp_state()._mp_policy.param_dtype) for b in blocks],
+        "placements": sorted({str(p.placements) for p in params if isinstance(p, DTensor)}),
+        "sharded_rows": all(p.to_local().shape[0] * world == p.shape[0] for p in params),
+        "dtensors": all(isinstance(p, DTensor) for p in params),
+        "gates_at_start": [float(g.abs().max()) for g in gates],
+        "gates_after": [float(b.modulation.weight.detach().full_tensor().abs().max()) for b in blocks],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -541,6 +581,20 @@ def test_auto_picks_ddp_for_lora_on_several_gpus_only_where_every_rank_has_room(
     in its first collective)."""
     for results in two_ranks:
         assert results["lora-auto"] == {"room-on-both": "ddp", "room-on-rank-0": "fsdp-full-shard"}
+
+
+def test_flow_expert_blocks_are_sharded_units_that_train_in_bf16(two_ranks: list[dict[str, Any]]) -> None:
+    """The action head's blocks (`HeadModule.get_blocks`) are FSDP2 units of their own, checkpointed, computing in
+    bf16, each parameter split in halves along dim 0; two bf16 steps give finite losses and move every block's
+    gates off zero."""
+    for results in two_ranks:
+        built = results["flow-bf16"]
+        # tiny-flow's expert has 2 blocks; activation checkpointing is on (the preset's default).
+        assert built["units"] == ["FSDPCheckpointWrapper"] * 2
+        assert built["param_dtype"] == ["torch.bfloat16"] * 2
+        assert built["dtensors"] and built["sharded_rows"] and built["placements"] == ["(Shard(dim=0),)"]
+        assert all(math.isfinite(loss) for loss in built["losses"]), built["losses"]
+        assert built["gates_at_start"] == [0.0, 0.0] and all(g > 0 for g in built["gates_after"])
 
 
 if __name__ == "__main__":

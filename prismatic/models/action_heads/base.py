@@ -78,7 +78,24 @@ class HeadModuleOutput(ModelOutput):
 
 class HeadModule(nn.Module, ABC):
     """A head's module (`ActionHead.build_module`, the VLM's `action_head`): `forward(HeadInputs)` ->
-    `HeadModuleOutput`. It runs inside the VLM's forward, so under FSDP / DDP it is hooked like the rest."""
+    `HeadModuleOutput`. It runs inside the VLM's forward, so under FSDP / DDP it is hooked like the rest.
+
+    A module with a stack of repeated blocks (a transformer expert) declares them (`get_blocks`), and the training
+    strategies treat each as they treat an LLM decoder layer, whatever the head; the rest of the module stays in
+    the root FSDP unit.
+    """
+
+    # Methods of each block other than `forward` that compute with the block's weights (called by the module
+    # outside the block's `forward`): under FSDP2 they gather and free the block's shards as `forward` does.
+    block_methods: ClassVar[tuple[str, ...]] = ()
+
+    def get_blocks(self) -> nn.ModuleList:
+        """The module's repeated blocks, each trained as an LLM decoder layer is: its own FSDP2 unit (sharded before
+        the root), checkpointed when activation checkpointing is on (`--vla.speed.checkpointing_policy` says which),
+        compiled under `--vla.speed.compile` (`prismatic.training.strategies.head_units`). Return the container the
+        module runs them from, not a copy: checkpointing replaces its entries with wrappers around them. Default:
+        none (a small module is one piece of the root unit)."""
+        return nn.ModuleList()
 
     @abstractmethod
     def forward(self, inputs: HeadInputs) -> HeadModuleOutput:

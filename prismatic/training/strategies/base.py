@@ -25,6 +25,11 @@ from prismatic.models.parallelize import (
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.training.optim import build_lr_scheduler, build_optimizer
 from prismatic.training.speed_plan import SpeedPlan, compile_kwargs, describe, without_compile
+from prismatic.training.strategies.head_units import (
+    checkpoint_head_blocks,
+    compile_head_blocks,
+    head_module,
+)
 from prismatic.util.dist import DistInfo, first_over_ranks
 from prismatic.util.errors import ConfigError
 
@@ -104,9 +109,13 @@ class TrainingStrategy(ABC):
     def setup(self, num_training_steps: int) -> None:
         """Activation checkpointing, compiling, parallel wrapping (which also fills ranks that built the model on the
         meta device from rank 0, `prismatic.models.distributed_init`), optimizer and LR schedule, as the plan says;
-        then the plan is logged, once."""
+        then the plan is logged, once. The action head's blocks (`HeadModule.get_blocks`) are checkpointed and
+        compiled with the LLM's layers."""
+        head = head_module(self.vlm)  # its blocks are treated as the LLM's layers (`head_units`)
         if self.plan.checkpointing_policy is not None:
             apply_llm_activation_checkpointing(self.vlm, self.plan.checkpointing_policy)
+            if wrapped := checkpoint_head_blocks(head, self.plan.checkpointing_policy):
+                logger.info("Activation checkpointing: %d action-head blocks checkpointed", wrapped)
         if self.plan.compile_mode is not None:
             kwargs = compile_kwargs(self.plan)
             self.compiled = self._compiler_works(kwargs)
@@ -115,7 +124,7 @@ class TrainingStrategy(ABC):
                     "torch.compile (%s): %d blocks, compiled on their first forward (the first steps take longer; "
                     "--vla.speed.compile off trains without)",
                     self.compile_mode,
-                    compile_blocks(self.vlm, kwargs),
+                    compile_blocks(self.vlm, kwargs) + compile_head_blocks(head, kwargs),
                 )
             else:
                 self.plan = without_compile(self.plan)

@@ -35,9 +35,11 @@ from prismatic.models.parallelize import (
     apply_fsdp,
     cast_frozen_params_to_bf16,
     mixed_precision_policy,
+    offload_policy,
     place_for_cpu_offload,
 )
 from prismatic.training.strategies.base import TrainingStrategy
+from prismatic.training.strategies.head_units import head_module, shard_head_blocks
 from prismatic.util.topology import local_world_size
 
 logger = logging.getLogger(__name__)
@@ -126,6 +128,16 @@ class FSDPStrategy(TrainingStrategy):
             cast_frozen_params_to_bf16(self.vlm)
         full_state = full_state_on_rank0(self.vlm)  # rank 0's weights, before sharding splits them
         offload = self.vla.speed.cpu_offload
+        # The action head's blocks first, as the LLM's layers: the root (`apply_fsdp`) must be sharded last.
+        units = shard_head_blocks(
+            head_module(self.vlm),
+            mesh=mesh,
+            mp_policy=policy,
+            reshard_after_forward=self.reshard_after_forward,
+            offload_policy=offload_policy(offload, mesh.device_type),
+        )
+        if units:
+            logger.info("FSDP2: %d action-head blocks as units of their own", units)
         model = apply_fsdp(
             self.vlm, mesh, policy, reshard_after_forward=self.reshard_after_forward, cpu_offload=offload
         )

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
         FlowExpert,
         FlowExpertBlock,
         PrefixCache,
-        shard_flow_expert,
         time_embedding,
     )
     from prismatic.models.action_heads.flow.matching import (
@@ -33,9 +32,7 @@ _EXPERT = "prismatic.models.action_heads.flow.expert"
 _MATCHING = "prismatic.models.action_heads.flow.matching"
 _OPTIONS = "prismatic.models.action_heads.flow.options"
 _LAZY = {
-    **dict.fromkeys(
-        ("FlowExpert", "FlowExpertBlock", "PrefixCache", "shard_flow_expert", "time_embedding"), _EXPERT
-    ),
+    **dict.fromkeys(("FlowExpert", "FlowExpertBlock", "PrefixCache", "time_embedding"), _EXPERT),
     **dict.fromkeys(
         (
             "DEFAULT_NUM_STEPS",
@@ -68,6 +65,5 @@ __all__ = [
     "sample",
     "sample_noise",
     "sample_time",
-    "shard_flow_expert",
     "time_embedding",
 ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -95,8 +94,8 @@ class FlowExpertBlock(nn.Module):
         """This block's keys and values of the (narrowed) prefix, `[B, heads, L, head_dim]` each, contiguous (they
         are read N times; and FSDP2 warns about views returned from a sharded module's method).
 
-        Not `forward`, so FSDP2 does not gather the block's parameters for it unless it is registered as a forward
-        method (`shard_flow_expert` does).
+        Not `forward`, so FSDP2 gathers the block's parameters for it only as a registered forward method (the
+        head module names it in `block_methods`; the FSDP strategies register it).
         """
         keys, values = self.prefix_kv(prefix_BLW).chunk(2, dim=-1)
         return self._heads(keys).contiguous(), self._heads(values).contiguous()
@@ -166,8 +165,8 @@ class FlowExpert(nn.Module):
         """Every block's keys and values of the prefix: computed once per observation, reused by each `forward`.
 
         Padded positions (`prefix_mask_BL` False) are zeroed before anything reads them, and masked out of the
-        attention, so what they hold (even NaN) cannot reach the velocity. Under FSDP2 it must be registered as a
-        forward method, as `shard_flow_expert` does.
+        attention, so what they hold (even NaN) cannot reach the velocity. It runs inside the head module's
+        `forward`, whose FSDP2 unit (the root) holds the expert's parameters outside its blocks.
 
         Args:
             prefix_BLE: the VLM's hidden states `[B, L, llm_dim]`.
@@ -231,20 +230,3 @@ class FlowExpert(nn.Module):
         x = _modulate(self.output_norm(x[:, -self.chunk_size :]), shift, scale)
         # A fresh float32 tensor, never a view of the projection's output (FSDP2 warns of views a unit returns).
         return self.output(x).to(torch.float32, copy=True)
-
-
-def shard_flow_expert(expert: FlowExpert, **fully_shard_kwargs: Any) -> None:
-    """Shard `expert` with FSDP2: each block its own unit, then the expert (its projections, time MLP and output) as
-    one, with the same `fully_shard` arguments (`mesh`, `mp_policy`, `offload_policy`, ...). Call after activation
-    checkpointing wraps the blocks, on every rank.
-
-    `encode_prefix` and each block's `project_prefix` are methods other than `forward`, which FSDP2 hooks alone:
-    they are registered as forward methods so that they gather (and free) their unit's parameters too.
-    """
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-
-    for block in expert.blocks:
-        fully_shard(block, **fully_shard_kwargs)
-        register_fsdp_forward_method(block, "project_prefix")
-    fully_shard(expert, **fully_shard_kwargs)
-    register_fsdp_forward_method(expert, "encode_prefix")

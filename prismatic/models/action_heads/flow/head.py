@@ -44,7 +44,18 @@ from prismatic.util.constants import IGNORE_INDEX
 
 
 class FlowHeadModule(HeadModule):
-    """The VLM's `action_head` for the flow head: its `expert` (a `FlowExpert`) and the sampler's step count."""
+    """The VLM's `action_head` for the flow head: its `expert` (a `FlowExpert`) and the sampler's step count.
+
+    The expert's blocks are its units (`get_blocks`): each its own FSDP2 unit, checkpointed and compiled as the
+    LLM's layers are; a block's `project_prefix` runs outside its `forward` (once per observation), so FSDP2
+    gathers the block's weights for it too (`block_methods`). Under mixed precision the expert computes in the
+    dtype its weights come in (FSDP2's bf16 copies) or autocast's (DDP): it casts the noisy chunk, time embedding,
+    prefix and proprio it is given to that dtype and returns a float32 velocity; times, noise and targets are
+    drawn and formed in float32 (under FSDP2 the root unit hands the module the actions already in bf16, as it
+    casts every floating input of the VLM's forward), and the loss is taken in float32.
+    """
+
+    block_methods = ("project_prefix",)
 
     def __init__(self, options: FlowOptions, llm_dim: int, spec: ActionSpec) -> None:
         super().__init__()
@@ -52,6 +63,9 @@ class FlowHeadModule(HeadModule):
         self.expert = FlowExpert(
             options.expert_options(), llm_dim, spec.action_dim, spec.chunk_size, spec.proprio_dim
         )
+
+    def get_blocks(self) -> nn.ModuleList:
+        return self.expert.blocks
 
     def forward(self, inputs: HeadInputs) -> HeadModuleOutput:
         """With `inputs.actions`: the velocity at a noised chunk and its target, plus, in eval mode (validation),
