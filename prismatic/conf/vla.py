@@ -429,6 +429,40 @@ for _suite in _LIBERO_SUITES[1:]:
             max_steps=_steps[_suite],
         )
 
+# === π0's flow head at 7B (`--vla.action_head flow`): the OpenVLA-OFT LIBERO runs above (their data, proprio, both
+# cameras, image augmentation) trained by openpi's `pi0_libero` recipe (Physical-Intelligence/openpi,
+# src/openpi/training/config.py: full fine-tuning, 30k steps, TrainConfig's batch 32; training/optimizer.py: AdamW,
+# weight decay 1e-10, gradient clip 1.0, 1k warmup steps to a 2.5e-5 peak, cosine decay). The head is π0's:
+# models/pi0_config.py action_horizon 50 (the chunk) and action_expert_variant gemma_300m (models/gemma.py: width
+# 1024, 18 layers, MLP 4096, 8 heads), models/pi0.py sample_actions' 10 Euler steps and Beta(1.5, 1) times (the flow
+# rule's own, flow/matching.py). openpi fine-tunes a pretrained expert (and keeps an EMA of the weights, which we do
+# not); this one starts from scratch beside OpenVLA. Meta-World has no published π0 recipe: the LIBERO one on MT50's
+# demonstrations with its one camera. tests/conf/test_flow_7b_presets.py pins each value against its source. ===
+_PI0_LIBERO: dict[str, Any] = {
+    "action_head": "flow",
+    "chunk_size": 50,
+    "head": {"flow": {"width": 1024, "depth": 18, "num_heads": 8, "mlp_ratio": 4.0, "num_steps": 10}},
+    "use_lora": False,
+    "train_strategy": "auto",
+    "max_steps": 30_000,
+    "global_batch_size": 32,
+    "per_device_batch_size": 4,  # 8 GPUs x 4 = 32, no accumulation
+    "learning_rate": 2.5e-5,
+    "weight_decay": 1e-10,
+    "max_grad_norm": 1.0,
+    "lr_scheduler_type": "linear-warmup+cosine-decay",
+    "warmup_ratio": 1_000 / 30_000,
+    "num_steps_before_decay": None,  # OFT's step decay is not π0's schedule
+}
+for _suite in _LIBERO_SUITES:
+    register_vla(f"openvla-flow-7b+libero_{_suite}", f"openvla-oft-7b+libero_{_suite}", **_PI0_LIBERO)
+register_vla(
+    "openvla-flow-7b+metaworld_mt50",
+    "openvla-flow-7b+libero_spatial",
+    data_mix="metaworld_mt50",
+    num_images=1,
+)
+
 # === Tiny presets: the real code path on CPU (2 processes) on the toy RLDS mixture, in seconds ===
 _TINY_CPU_RUN: dict[str, Any] = {
     "base_vlm": "tiny-vit+tiny-llama",
