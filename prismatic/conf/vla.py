@@ -494,6 +494,10 @@ register_vla("tiny-oft+mx-toy", "tiny+mx-toy", action_head="l1-chunk", chunk_siz
 # size (width 64, 2 blocks, MLP 2x) with π0's 10 Euler steps.
 _TINY_FLOW_EXPERT = {"width": 64, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0, "num_steps": 10}
 register_vla("tiny-flow+mx-toy", "tiny-oft+mx-toy", action_head="flow", head={"flow": _TINY_FLOW_EXPERT})
+# π0-FAST's recipe at toy scale: the same chunks and proprio as FAST action tokens, a vocabulary of 512 ids (the tiny
+# LLM has 1024; 8 x 7 coefficients at π0-FAST's scale 10 need few merges), decoding capped near one chunk's length.
+_TINY_FAST = {"vocab_size": 512, "scale": 10.0, "fit_chunks": 1_000, "max_decode_tokens": 64}
+register_vla("tiny-fast+mx-toy", "tiny-oft+mx-toy", action_head="fast", head={"fast": _TINY_FAST})
 register_vla("tiny-sandwich+mx-toy", "tiny+mx-toy", freeze_llm_backbone=True, unfreeze_last_llm_layer=True)
 register_vla(
     "tiny-last_layer+mx-toy",
@@ -556,6 +560,39 @@ register_vla(
 register_vla("tiny+metaworld", "tiny-oft+metaworld", action_head="tokens", chunk_size=1, use_proprio=False)
 register_vla(
     "tiny-flow+metaworld", "tiny-oft+metaworld", action_head="flow", head={"flow": _TINY_FLOW_EXPERT}
+)
+register_vla("tiny-fast+metaworld", "tiny-oft+metaworld", action_head="fast", head={"fast": _TINY_FAST})
+
+# === FAST action tokens at 7B (`--vla.action_head fast`): π0-FAST's LIBERO recipe, openpi's `pi0_fast_libero`
+# TrainConfig (src/openpi/training/config.py): full fine-tuning, action_horizon 10, the state and both cameras,
+# 30k steps, TrainConfig's default batch 32; its optimizer defaults (training/optimizer.py): AdamW, weight decay
+# 1e-10, gradient clip 1.0, 1k warmup steps to a 2.5e-5 peak, cosine decay (openpi's ends at 2.5e-6, ours at 0).
+# The vocabulary's size and scale are the FAST tokenizer's (physical-intelligence/fast: 1024, 10) and decoding stops
+# after `Pi0FAST.sample_actions`'s 256 steps: `FastOptions`' defaults. openpi has one config for every LIBERO suite;
+# Meta-World has no published π0-FAST recipe: the LIBERO one on MT50's demonstrations with its one camera. ===
+_PI0_FAST_LIBERO: dict[str, Any] = {
+    "action_head": "fast",
+    "chunk_size": 10,
+    "use_proprio": True,
+    "num_images": 2,
+    "use_lora": False,
+    "train_strategy": "auto",
+    "max_steps": 30_000,
+    "global_batch_size": 32,
+    "per_device_batch_size": 4,  # 8 GPUs x 4 = 32, no accumulation
+    "learning_rate": 2.5e-5,
+    "weight_decay": 1e-10,
+    "max_grad_norm": 1.0,
+    "lr_scheduler_type": "linear-warmup+cosine-decay",
+    "warmup_ratio": 1_000 / 30_000,
+}
+for _suite in _LIBERO_SUITES:
+    register_vla(f"openvla-fast-7b+libero_{_suite}", f"openvla-7b+libero_{_suite}", **_PI0_FAST_LIBERO)
+register_vla(
+    "openvla-fast-7b+metaworld_mt50",
+    "openvla-fast-7b+libero_spatial",
+    data_mix="metaworld_mt50",
+    num_images=1,
 )
 
 DEFAULT_VLA_ID = "prism-dinosiglip-224px+mx-oxe-magic-soup-plus"

@@ -136,6 +136,8 @@ class VLAPolicy:
         self._prompt_cache: dict[str, list[int]] = {}
         self.action_spec = vlm.action_spec
         self.head = build_action_head(self.action_spec, self.action_tokenizer, vlm.num_prefix_tokens)
+        # What the head keeps beside the statistics (FAST's vocabulary), from the folder the model was loaded from.
+        self.head.load_files(getattr(vlm, "run_files_dir", None))
         # Token heads on CUDA decode over a static KV cache replayed from CUDA graphs (None: where supported);
         # False keeps the dynamic cache (`prismatic.models.static_decoding`; the ids are the same).
         self.static_cache: bool | None = None

@@ -227,6 +227,7 @@ def _load_hf_openvla(
     if on_meta:  # not even the shard headers: rank 0 checks the weights fit
         vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
         vlm.attach_action_modules(spec)
+        vlm.run_files_dir = folder  # the head's files beside the statistics (`ActionHead.load_files`)
         cast_floating_parameters(vlm, dtype)
         return LoadedVLA(_buffers_on_meta(vlm), raw.get("norm_stats"), source)
     # Names and shapes from the shard headers: a checkpoint that does not fit fails here, before any data is read.
@@ -235,6 +236,7 @@ def _load_hf_openvla(
     shapes = {names[name]: shape for name, shape in hf_shapes.items()}
     vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
     vlm.attach_action_modules(spec)
+    vlm.run_files_dir = folder  # the head's files beside the statistics (`ActionHead.load_files`)
     assign_weights(vlm, shapes, renamed(iter_hf_shards(folder), names), source=str(folder), dtype=dtype)
     logger.info("Loaded HF OpenVLA checkpoint %s (%s, %s)", folder, arch.spec, dtype)
     return LoadedVLA(vlm, raw.get("norm_stats"), source)
@@ -273,6 +275,7 @@ def _load_prismatic_run(
     if on_meta:  # a LoRA run's adapters are merged on load, so its architecture is the plain one
         vlm = build_vlm_from_architecture(arch, hf_token=hf_token)
         vlm.attach_action_modules(spec)
+        vlm.run_files_dir = folder  # the head's files beside the statistics (`ActionHead.load_files`)
         cast_floating_parameters(vlm, dtype)
         return LoadedVLA(_buffers_on_meta(vlm), _run_norm_stats(folder), source)
     path = checkpoint if checkpoint is not None else latest_checkpoint(folder)
@@ -294,6 +297,7 @@ def _load_prismatic_run(
         on_meta=VLM_PARTS if vision_loaded else ("projector", "llm_backbone"),
     )
     vlm.attach_action_modules(spec)  # on the LLM's device: meta, filled from the checkpoint below
+    vlm.run_files_dir = folder  # the head's files beside the statistics (`ActionHead.load_files`)
     lora_names, lora_rank = lora_targets_in_state_dict(flat)
     if lora_names:  # re-create the adapters the run trained, load, then fold them into plain weights
         vla_cfg = json.loads((folder / RUN_CONFIG_FILE).read_text()).get("vla", {})

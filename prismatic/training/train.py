@@ -39,7 +39,7 @@ from prismatic.util.dist import destroy_distributed, init_distributed, run_on_ma
 from prismatic.util.files import check_dir_writable
 from prismatic.util.logging import setup_logging
 from prismatic.vla.datasets import save_dataset_statistics
-from prismatic.vla.datasets.builders import build_statistics, build_train_data
+from prismatic.vla.datasets.builders import build_statistics, build_train_data, sample_training_chunks
 from prismatic.vla.datasets.prefetch import prefetched
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,14 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
     speed_options = {"grad_sync": cfg.grad_sync, "sharding": cfg.sharding}
     flags = plan_flags(cfg.vla, dist_info.world_size, dist_info.device, **speed_options)
     head = attach_action_head(vlm, cfg.vla, build_statistics(cfg, dist_info), flags.logits_at_labels)
+    # A head's own files beside the statistics (FAST's vocabulary: fitted by rank 0 on a new run, read on a resume).
+    head.prepare_files(
+        run.path,
+        partial(sample_training_chunks, cfg, head.spec.chunk_size),
+        dist_info,
+        resumed=resume is not None,
+        timeout=timedelta(seconds=cfg.dist_timeout_s),
+    )
     speed = resolve_speed_plan(cfg.vla, vlm, dist_info, **speed_options, flags=flags)
     strategy = build_strategy(vlm, cfg.vla, dist_info, speed)
     data = build_train_data(cfg, vlm, head, dist_info, pad_to_multiple=speed.pad_to_multiple)

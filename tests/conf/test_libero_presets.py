@@ -135,7 +135,7 @@ def test_tiny_libero_presets_share_their_counterparts_structure(
 
 def test_libero_preset_ids() -> None:
     ids = [vla_id for vla_id in registered_vla_ids() if "libero" in vla_id]
-    families = ("openvla-7b", "openvla-oft-7b", "openvla-flow-7b", "tiny", "tiny-oft")
+    families = ("openvla-7b", "openvla-oft-7b", "openvla-fast-7b", "openvla-flow-7b", "tiny", "tiny-oft")
     assert sorted(ids) == sorted(f"{family}+libero_{suite}" for family in families for suite in SUITES)
 
 

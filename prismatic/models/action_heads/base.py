@@ -14,8 +14,10 @@ positions it reads and how.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -191,6 +193,26 @@ class ActionHead(ABC):
     @abstractmethod
     def predict(self, vlm: nn.Module, request: DecodeRequest) -> HeadPrediction:
         """Decode the actions of a batch of requests with `vlm` (in eval mode, under inference mode)."""
+
+    def prepare_files(
+        self,
+        folder: Path,
+        sample_chunks: Callable[[int], np.ndarray],
+        dist_info: Any,
+        *,
+        resumed: bool,
+        timeout: timedelta,
+    ) -> None:
+        """Training, before any frame is laid out: set up what the head keeps in the run folder `folder` beside the
+        statistics (FAST's vocabulary: fitted on a new run from `sample_chunks(n)`, n normalised training chunks
+        `[n, chunk_size, action_dim]`; read on a resume). Collective (`timeout`: how long ranks wait for rank 0).
+        Default: nothing."""
+        return None
+
+    def load_files(self, folder: Path | None) -> None:
+        """Inference: read what `prepare_files` kept in the run (or export) folder `folder` (None: not loaded from
+        a folder). Default: nothing."""
+        return None
 
     @staticmethod
     def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,12 @@ ACTION_HEADS.register(
     chunked=True,
     options="prismatic.models.action_heads.flow.options:FlowOptions",
 )
+ACTION_HEADS.register(
+    "fast",
+    "prismatic.models.action_heads.fast.head:FastActionHead",
+    chunked=True,
+    options="prismatic.models.action_heads.fast.options:FastOptions",
+)
 
 
 def is_chunked(head: str) -> bool:

@@ -8,10 +8,12 @@ option of the stream is in one `StreamSpec`, built here from the run's config.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -19,6 +21,7 @@ from prismatic.conf.train import TrainConfig
 from prismatic.models.action_heads import ActionHead
 from prismatic.models.vlms.prismatic import PrismaticVLM
 from prismatic.util.dist import DistInfo, run_once_per_node
+from prismatic.util.errors import ConfigError
 from prismatic.vla.datasets.batch_transform import RLDSBatchTransform, views_for
 from prismatic.vla.datasets.collator import PaddedCollatorForActionPrediction
 from prismatic.vla.datasets.datasets import RLDSDataset
@@ -120,3 +123,35 @@ def build_train_data(
     steps_per_epoch = max(1, len(dataset) // cfg.vla.global_batch_size)
     num_training_steps = cfg.vla.max_steps or cfg.vla.epochs * steps_per_epoch
     return TrainData(spec, batch_transform, dataset, collator, loader, steps_per_epoch, num_training_steps)
+
+
+# Frames read only for their actions (`sample_training_chunks`): images are decoded at this small size, then dropped.
+_SAMPLE_RESOLUTION = (32, 32)
+
+
+def sample_training_chunks(cfg: TrainConfig, chunk_size: int, count: int) -> np.ndarray:
+    """`[count, chunk_size, action_dim]` normalised action chunks, as the training stream gives them to a head: the
+    first `count` frames of one seeded, shuffled pass over the run's training mixture (a shuffle buffer of at most
+    `count` frames), as a one-process run would read them, so the sample depends on the data, the mixture and
+    `--seed` only, not on the world size. What a head fits on its training data (FAST's vocabulary). One process.
+
+    Raises:
+        ConfigError: the mixture yields no frames.
+    """
+    spec = StreamSpec(
+        data_root_dir=cfg.data_root_dir,
+        data_mix=cfg.vla.data_mix,
+        resize_resolution=_SAMPLE_RESOLUTION,
+        shuffle_buffer_size=max(1, min(cfg.vla.shuffle_buffer_size, count)),
+        options=cfg.data,
+        future_action_window_size=chunk_size - 1,
+        seed=cfg.seed,
+        train=True,
+    )
+    dataset = RLDSDataset(spec, lambda frame: np.asarray(frame["action"], np.float32))
+    chunks = [chunk.reshape(chunk_size, -1) for chunk in itertools.islice(iter(dataset), count)]
+    if not chunks:
+        raise ConfigError(
+            f"Mixture '{cfg.vla.data_mix}' yields no training frames to sample action chunks from."
+        )
+    return np.stack(chunks)
