@@ -56,7 +56,8 @@ class VLAConfig(ChoiceRegistry):
     # decoded one dimension per forward. "l1-chunk": OpenVLA-OFT's recipe, a chunk of `chunk_size` continuous
     # actions predicted in one forward (parallel decoding) by an MLP on the LLM's last hidden states, L1 loss.
     # "flow": π0's recipe, a chunk sampled by a flow-matching expert attending to the LLM's hidden states.
-    action_head: str = "tokens"  # tokens, l1-chunk or flow
+    # "fast": π0-FAST's recipe, a chunk as a few BPE ids over its DCT coefficients, decoded token by token.
+    action_head: str = "tokens"  # tokens, l1-chunk, flow or fast
     chunk_size: int = 1  # actions predicted per forward (the current one and chunk_size - 1 future ones)
     use_proprio: bool = False  # feed the normalised proprio state through a projector into the sequence
     num_images: int = 1  # camera views per frame: the primary image, then the dataset's wrist image(s)

@@ -18,6 +18,9 @@ Heads:
               LLM's last hidden states; L1 loss (`l1_chunk.py`).
     flow      π0: a chunk sampled by a flow-matching transformer expert that attends to the LLM's last hidden
               states; velocity MSE in training, Euler steps from seeded noise at inference (`flow/`).
+    fast      π0-FAST: a chunk as a few BPE ids over its DCT coefficients, on the LLM's last token ids; the LLM's
+              next-token cross-entropy; greedy decoding constrained to those ids, invalid sequences as zeros;
+              the vocabulary fitted once per run and kept in its folder (`fast/`).
 
 Importing this package loads no torch: the registry and `ActionSpec` are plain data (the config reads them); the
 head classes load with the first name used.
