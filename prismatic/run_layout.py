@@ -9,6 +9,8 @@ nothing else, so the config layer and `--help` can use it before torch.
       speed_plan.json                     SPEED_PLAN_FILE (what every `auto` speed flag became; the last start's)
       dataset_statistics.json             DATASET_STATISTICS_FILE (also in HF exports and LoRA adapters)
       action_model.json                   ACTION_MODEL_FILE
+      fast_tokenizer.json, fast_tokenizer_settings.json   FAST_TOKENIZER_FILE, FAST_SETTINGS_FILE (the FAST head's
+                                          vocabulary; also in exports and LoRA adapters of a FAST model)
       metrics.jsonl                       METRICS_FILE
       profile/                            PROFILE_DIR (--profile.start_step)
         rank00000-steps-000010-000011.trace.json, .summary.json   profile_stem(rank, first, last) + suffixes
@@ -36,6 +38,8 @@ DATASET_STATISTICS_FILE = (
 )
 SPEED_PLAN_FILE = "speed_plan.json"  # what every `auto` became (`prismatic.training.speed_plan`)
 ACTION_MODEL_FILE = "action_model.json"  # the model's `ActionSpec` (absent: OpenVLA's tokens head)
+FAST_TOKENIZER_FILE = "fast_tokenizer.json"  # the FAST head's BPE, in the `tokenizers` library's own JSON
+FAST_SETTINGS_FILE = "fast_tokenizer_settings.json"  # its scale, min_token and fitted chunk shape
 METRICS_FILE = "metrics.jsonl"  # one JSON object per optimiser step
 WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run a resume continues
 PROFILE_DIR = "profile"  # `--profile.*`: each rank's trace and summary of a window of steps

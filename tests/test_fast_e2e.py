@@ -111,3 +111,27 @@ def test_the_run_serves_loads_and_evaluates_as_a_fast_policy(fast_run: Path, toy
         np.testing.assert_allclose(json_numpy.loads(answer.text), chunk, rtol=1e-5, atol=1e-6)
     summary = evaluate(policy, EvalSpec(toy_data_root, "toy", split="val", batch_size=8, max_frames=8))
     assert summary["overall"]["num_frames"] == 8 and len(summary["overall"]["l1_per_chunk_position"]) == K
+
+
+def test_an_hf_export_carries_the_vocabulary_and_answers_as_the_run(fast_run: Path, tmp_path: Path) -> None:
+    import prismatic
+    from prismatic.models.hf_openvla import export_hf_openvla
+    from prismatic.models.loading import load_vla, spec_of
+    from prismatic.util.errors import ConfigError
+
+    loaded = load_vla(fast_run)
+    out = export_hf_openvla(loaded.vlm, spec_of(loaded.vlm), tmp_path / "hf", norm_stats=loaded.norm_stats)
+    for name in FILES:
+        assert (out / name).read_bytes() == (fast_run / name).read_bytes(), name
+    image = np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    proprio = np.linspace(0.5, -0.5, P)
+    chunks = [
+        prismatic.load_policy(folder).predict_action(image, "push", unnorm_key="toy_push", proprio=proprio)
+        for folder in (fast_run, out)
+    ]
+    np.testing.assert_allclose(chunks[1], chunks[0], rtol=1e-5, atol=1e-6)
+    loaded.vlm.run_files_dir = (
+        None  # a FAST model not loaded from a folder: nothing to copy its vocabulary from
+    )
+    with pytest.raises(ConfigError, match="fast_tokenizer.json, fast_tokenizer_settings.json"):
+        export_hf_openvla(loaded.vlm, spec_of(loaded.vlm), tmp_path / "hf2", norm_stats=loaded.norm_stats)

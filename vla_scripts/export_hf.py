@@ -140,6 +140,7 @@ def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
     # lazy: safetensors.torch and the model code import torch (kept out of --help)
     from safetensors.torch import save
 
+    from prismatic.models.action_heads.registry import copy_head_files
     from prismatic.models.loading import model_config
 
     weights, seen = {}, set()
@@ -156,6 +157,9 @@ def write_model_folder(vlm, norm_stats: dict | None, out_dir: Path) -> Path:
     write_json_atomic(out_dir / RUN_CONFIG_FILE, model_config(vlm), "model config")
     if not vlm.action_spec.is_default:
         write_json_atomic(out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the model's action spec")
+        copy_head_files(
+            vlm.action_spec.head, getattr(vlm, "run_files_dir", None), out_dir
+        )  # FAST's vocabulary
     if norm_stats is not None:
         write_json_atomic(out_dir / DATASET_STATISTICS_FILE, norm_stats, "dataset statistics")
     return out_dir

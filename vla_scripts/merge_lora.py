@@ -84,6 +84,7 @@ class MergeConfig:
 def merge(cfg: MergeConfig) -> Path:
     """Load the checkpoint (adapters merged on load) and write the plain run folder. Returns `cfg.out_dir`."""
     # lazy: torch, peft and the model code load after the flags are checked (--help and refusals stay instant)
+    from prismatic.models.action_heads.registry import copy_head_files
     from prismatic.models.hf_openvla import export_hf_openvla
     from prismatic.models.loading import load_vla, model_config, spec_of
     from prismatic.models.peft_adapters import load_adapter
@@ -101,6 +102,8 @@ def merge(cfg: MergeConfig) -> Path:
         write_json_atomic(
             cfg.out_dir / ACTION_MODEL_FILE, loaded.vlm.action_spec.to_dict(), "the action spec"
         )
+        head, source = loaded.vlm.action_spec.head, getattr(loaded.vlm, "run_files_dir", None)
+        copy_head_files(head, source, cfg.out_dir)  # FAST's vocabulary
     if (run_dir / RUN_CONFIG_FILE).is_file():
         vla = json.loads((run_dir / RUN_CONFIG_FILE).read_text()).get("vla")
         if vla is not None:

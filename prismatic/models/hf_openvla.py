@@ -44,6 +44,7 @@ from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
+from prismatic.models.action_heads.registry import copy_head_files
 from prismatic.models.backbones.vision.registry import (
     FusedViTSpec,
     VisionBackboneSpec,
@@ -316,6 +317,8 @@ def export_hf_openvla(
         write_json_atomic(
             out_dir / ACTION_MODEL_FILE, vlm.action_spec.to_dict(), "the HF export's action spec"
         )
+        # The head's own files (FAST's vocabulary), from the folder the model was loaded from.
+        copy_head_files(vlm.action_spec.head, getattr(vlm, "run_files_dir", None), out_dir)
     write_json_atomic(out_dir / HF_CONFIG_FILE, config, "the HF export's config")
     image_cfg, processor_cfg = _processor_configs(vlm, spec, code_repo)
     write_json_atomic(

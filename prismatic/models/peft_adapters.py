@@ -32,7 +32,7 @@ import torch
 from peft import LoraConfig, PeftModel
 from safetensors.torch import load_file, save_file
 
-from prismatic.models.action_heads import ActionSpec
+from prismatic.models.action_heads import ACTION_HEADS, ActionSpec
 from prismatic.models.checkpoint_format import (
     latest_checkpoint,
     load_checkpoint_file,
@@ -118,7 +118,9 @@ def export_adapter(checkpoint: Path, out_dir: Path) -> Path:
     if action:
         save_file({k: v.contiguous() for k, v in action.items()}, str(out_dir / ACTION_WEIGHTS))
         normal_permissions(out_dir / ACTION_WEIGHTS)
-    for name in (ACTION_MODEL_FILE, DATASET_STATISTICS_FILE):
+    # Every head's own files the run kept beside its statistics (FAST's vocabulary).
+    head_files = {f for head in ACTION_HEADS for f in ACTION_HEADS.fact(head, "files", ())}
+    for name in (ACTION_MODEL_FILE, DATASET_STATISTICS_FILE, *sorted(head_files)):
         if (run_dir / name).is_file():
             (out_dir / name).write_bytes((run_dir / name).read_bytes())
     sidecar = {
@@ -180,6 +182,8 @@ def load_adapter(adapter_dir: Path, base: str | None = None, hf_token: str | Non
     if spec_path.is_file():
         spec = ActionSpec.from_dict(json.loads(spec_path.read_text()), where=str(spec_path))
         merged.attach_action_modules(spec)
+        # The head's files came with the adapters (`ActionHead.load_files`).
+        merged.run_files_dir = adapter_dir
         action = (
             load_file(str(adapter_dir / ACTION_WEIGHTS)) if (adapter_dir / ACTION_WEIGHTS).is_file() else {}
         )

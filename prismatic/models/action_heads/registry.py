@@ -2,9 +2,9 @@
 
 `ACTION_HEADS` maps each `--vla.action_head` name to its class ("module:Class", imported on first use) and the
 facts the config reads without torch: `chunked` (actions come out as chunks `[chunk_size, action_dim]`, so
-`--vla.chunk_size` may exceed 1) and `options` (its options dataclass, "module:Class" in a torch-free module: the
-`--vla.head.<head>.*` flags, `options.py`). A new head is its folder plus one `ACTION_HEADS.register(...)` line; a
-plugin registers its own class the same way.
+`--vla.chunk_size` may exceed 1), `options` (its options dataclass, "module:Class" in a torch-free module: the
+`--vla.head.<head>.*` flags, `options.py`) and `files` (what it keeps beside the statistics, which exports copy).
+A new head is its folder plus one `ACTION_HEADS.register(...)` line; a plugin registers its own class the same way.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prismatic.run_layout import FAST_SETTINGS_FILE, FAST_TOKENIZER_FILE
 from prismatic.util.errors import ConfigError
 from prismatic.util.lazy import LazyRegistry
 
@@ -39,12 +41,43 @@ ACTION_HEADS.register(
     "prismatic.models.action_heads.fast.head:FastActionHead",
     chunked=True,
     options="prismatic.models.action_heads.fast.options:FastOptions",
+    files=(FAST_TOKENIZER_FILE, FAST_SETTINGS_FILE),
 )
 
 
 def is_chunked(head: str) -> bool:
     """Whether head `head` predicts chunks of actions (registered with `chunked=True`, the default)."""
     return bool(ACTION_HEADS.fact(head, "chunked", True))
+
+
+def head_files(head: str) -> tuple[str, ...]:
+    """The files head `head` keeps beside the statistics (registered `files`: FAST's vocabulary), which a model's
+    folder needs beside its weights: exports and LoRA adapters copy them, `ActionHead.load_files` reads them."""
+    return tuple(ACTION_HEADS.fact(head, "files", ()))
+
+
+def copy_head_files(head: str, source: Path | None, out_dir: Path) -> list[Path]:
+    """Copy head `head`'s files (`head_files`) from `source`, the folder its model was loaded from, into `out_dir`.
+
+    Returns:
+        The files written ([] for a head without files).
+
+    Raises:
+        ConfigError: a file is missing from `source` (or the model was not loaded from a folder).
+    """
+    names = head_files(head)
+    missing = [n for n in names if source is None or not (Path(source) / n).is_file()]
+    if missing:
+        raise ConfigError(
+            f"The '{head}' head's model needs {', '.join(names)} beside its weights, but "
+            f"{'it was not loaded from a folder' if source is None else f'{source} lacks {missing}'}: export from "
+            f"the run folder the model was trained in (it writes them beside dataset_statistics.json)."
+        )
+    written = []
+    for name in names:
+        (Path(out_dir) / name).write_bytes((Path(source) / name).read_bytes())
+        written.append(Path(out_dir) / name)
+    return written
 
 
 def head_options_class(head: str) -> type | None:

@@ -267,3 +267,19 @@ def test_bad_fast_options_are_config_errors_naming_the_value(flag: str, value: s
 
     with pytest.raises(ConfigError, match=message):
         parse_config(TrainConfig, ["--vla.type", "tiny-fast+mx-toy", flag, value])
+
+
+def test_exports_copy_the_fast_files_and_refuse_a_folder_without_them(vocabulary, tmp_path: Path) -> None:
+    from prismatic.models.action_heads.registry import copy_head_files, head_files
+
+    assert head_files("fast") == ("fast_tokenizer.json", "fast_tokenizer_settings.json")
+    assert head_files("tokens") == () and copy_head_files("tokens", None, tmp_path) == []
+    run, out = tmp_path / "run", tmp_path / "out"
+    run.mkdir(), out.mkdir()
+    vocabulary.save(run)
+    assert copy_head_files("fast", run, out) == [out / name for name in head_files("fast")]
+    for name in head_files("fast"):
+        assert (out / name).read_bytes() == (run / name).read_bytes()
+    (run / "fast_tokenizer_settings.json").unlink()
+    with pytest.raises(ConfigError, match=r"lacks \['fast_tokenizer_settings.json'\]"):
+        copy_head_files("fast", run, tmp_path)

@@ -41,11 +41,12 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
+from prismatic.run_layout import FAST_SETTINGS_FILE, FAST_TOKENIZER_FILE
 from prismatic.util.errors import ConfigError
 from prismatic.util.files import write_text_atomic
 
-FAST_TOKENIZER_FILE = "fast_tokenizer.json"  # the BPE, in the `tokenizers` library's own JSON
-FAST_SETTINGS_FILE = "fast_tokenizer_settings.json"  # scale, min_token, the fitted chunk shape
+__all__ = ["FAST_SETTINGS_FILE", "FAST_TOKENIZER_FILE", "FastActionTokenizer"]
+
 _FORMAT = "prismatic-fast-action-tokenizer"
 _VERSION = 1
 
