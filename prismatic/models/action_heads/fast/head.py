@@ -193,8 +193,11 @@ class FastActionHead(ActionHead):
         prompt through `model`'s forward: |decoded - target| summed, the values compared, invalid chunks, chunks.
         No randomness (`generator` unused). One forward of the grown sequence per decoded token."""
         teacher = self(model, batch, with_loss=False).sums
-        labels = batch["labels"].cpu()
-        prompt_lengths = (labels != IGNORE_INDEX).to(torch.uint8).argmax(dim=1).tolist()
+        # A row's prompt ends at its first label; a row truncated before its actions has none: all of it.
+        labelled = (batch["labels"] != IGNORE_INDEX).cpu()
+        first_label = labelled.to(torch.uint8).argmax(dim=1)
+        lengths = batch["attention_mask"].cpu().sum(dim=1)
+        prompt_lengths = torch.where(labelled.any(dim=1), first_label, lengths).tolist()
         inputs = self.model_inputs(batch)
         eos_id = int(self.action_tokenizer.tokenizer.eos_token_id)
         step = forward_steps(
