@@ -283,3 +283,34 @@ def test_exports_copy_the_fast_files_and_refuse_a_folder_without_them(vocabulary
     (run / "fast_tokenizer_settings.json").unlink()
     with pytest.raises(ConfigError, match=r"lacks \['fast_tokenizer_settings.json'\]"):
         copy_head_files("fast", run, tmp_path)
+
+
+def test_decoding_steps_until_every_rank_is_done_and_a_finished_row_stays_as_it_ended() -> None:
+    from prismatic.models.action_heads.fast.decoding import all_ranks_done, greedy_fast_decode
+
+    def ending(after: int):
+        """Logits that favour FAST id 1023 for `after` steps, then EOS."""
+        calls: list[object] = []
+
+        def step(ids):
+            calls.append(ids)
+            logits = torch.zeros((1, LLM_VOCAB + 1))
+            logits[0, EOS if len(calls) > after else LLM_VOCAB - 1] = 1.0
+            return logits
+
+        return step, calls
+
+    step, calls = ending(1)
+    assert greedy_fast_decode(step, 1, allowed=range(700, LLM_VOCAB), eos_id=EOS, max_tokens=9) == (
+        [[1023]],
+        [True],
+    )
+    assert len(calls) == 2
+    # Another rank still decoding: this one keeps stepping (its forward is a collective), its row unchanged.
+    answers = iter([False, False, False, True])
+    step, calls = ending(1)
+    rows = greedy_fast_decode(
+        step, 1, allowed=range(700, LLM_VOCAB), eos_id=EOS, max_tokens=9, agree=lambda done: next(answers)
+    )
+    assert rows == ([[1023]], [True]) and len(calls) == 4
+    assert all_ranks_done(torch.device("cpu"))(False) is False  # no process group: this rank's answer

@@ -8,7 +8,8 @@ are ordinary pieces, the ones OpenVLA's bins take). So the FAST ids are the cont
 
 Decoding is greedy and, constrained, picks only among the FAST ids and EOS (every other logit is masked); a row
 stops at EOS or after `max_tokens` tokens. The step function is the caller's: validation runs the (possibly
-FSDP- or DDP-wrapped) model's forward over the grown sequence, the policy a KV-cached LLM (`cached_steps`).
+FSDP- or DDP-wrapped) model's forward over the grown sequence, every rank as many steps (`all_ranks_done`), the
+policy a KV-cached LLM (`cached_steps`).
 """
 
 from __future__ import annotations
@@ -56,12 +57,20 @@ StepFn = Callable[
 
 
 def greedy_fast_decode(
-    step: StepFn, batch_size: int, *, allowed: range | None, eos_id: int, max_tokens: int
+    step: StepFn,
+    batch_size: int,
+    *,
+    allowed: range | None,
+    eos_id: int,
+    max_tokens: int,
+    agree: Callable[[bool], bool] | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """Each row's generated LLM ids before its EOS, and whether it reached EOS within `max_tokens` tokens.
 
     `step(None)` returns the logits after the prompts, `step(ids)` those after appending `ids` (one per row;
-    a finished row's appended ids are ignored). Decoding stops when every row has emitted EOS.
+    a finished row's appended ids are ignored). Decoding stops when every row has emitted EOS, or, with `agree`,
+    when `agree(every row here has)` says so: a wrapped model's forward is a collective (FSDP gathers, DDP syncs
+    buffers), so every rank must run as many steps (`all_ranks_done`).
     """
     rows: list[list[int]] = [[] for _ in range(batch_size)]
     done = [False] * batch_size
@@ -75,9 +84,25 @@ def greedy_fast_decode(
                     done[row] = True
                 else:
                     rows[row].append(token)
-        if all(done):
+        finished = all(done)
+        if agree(finished) if agree is not None else finished:
             break
     return rows, done
+
+
+def all_ranks_done(device: torch.device) -> Callable[[bool], bool]:
+    """`agree` for `greedy_fast_decode` under torch.distributed: True once every rank is done (one MAX all-reduce
+    of a flag on `device` per step; without a process group of several ranks, this rank's answer)."""
+    import torch.distributed as dist
+
+    def agree(done: bool) -> bool:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return done
+        pending = torch.tensor([0 if done else 1], device=device)
+        dist.all_reduce(pending, op=dist.ReduceOp.MAX)
+        return int(pending.item()) == 0
+
+    return agree
 
 
 def cached_steps(

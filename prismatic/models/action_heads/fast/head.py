@@ -27,6 +27,7 @@ from torch import nn
 
 from prismatic.models.action_heads.base import ActionHead, DecodeRequest, HeadOutput, HeadPrediction
 from prismatic.models.action_heads.fast.decoding import (
+    all_ranks_done,
     cached_steps,
     fast_id_range,
     forward_steps,
@@ -191,7 +192,8 @@ class FastActionHead(ActionHead):
     ) -> torch.Tensor:
         """Held-out sums: the training ones, then those of chunks decoded greedily (constrained) from each row's
         prompt through `model`'s forward: |decoded - target| summed, the values compared, invalid chunks, chunks.
-        No randomness (`generator` unused). One forward of the grown sequence per decoded token."""
+        No randomness (`generator` unused). One forward of the grown sequence per decoded token, as many on every
+        rank (until every rank's rows have ended: the forwards of a wrapped model are collectives). Collective."""
         teacher = self(model, batch, with_loss=False).sums
         # A row's prompt ends at its first label; a row truncated before its actions has none: all of it.
         labelled = (batch["labels"] != IGNORE_INDEX).cpu()
@@ -214,6 +216,7 @@ class FastActionHead(ActionHead):
             allowed=self.fast_ids,
             eos_id=eos_id,
             max_tokens=self.options.max_decode_tokens,
+            agree=all_ranks_done(batch["input_ids"].device),
         )
         chunks, valid = self.decode_rows(rows)
         targets = batch["actions"].detach().to("cpu", torch.float64)
