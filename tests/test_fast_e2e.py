@@ -26,7 +26,15 @@ def fast_args(data_root: Path, run_root: Path, run_id: str, *extra: str) -> list
     args[args.index("tiny+mx-toy")] = "tiny-fast+mx-toy"
     args[args.index("--vla.max_steps") + 1] = str(STEPS)
     args[args.index("--save_interval") + 1] = str(SAVE)
-    return [*args, "--vla.head.fast.fit_chunks", str(FIT_CHUNKS), *extra]
+    # A decoding cap below a chunk's length: the untrained model never ends its chunks, and validation decodes.
+    return [
+        *args,
+        "--vla.head.fast.fit_chunks",
+        str(FIT_CHUNKS),
+        "--vla.head.fast.max_decode_tokens",
+        "16",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
