@@ -51,9 +51,8 @@ def choose(logits: torch.Tensor, allowed: range | None, eos_id: int) -> tuple[to
     return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
 
-StepFn = Callable[
-    [torch.Tensor | None], torch.Tensor
-]  # the last chosen ids [B] (None first) -> logits [B, V']
+# One decoding step: the ids chosen last `[B]` (None at the first step) -> the next-token logits `[B, V']`.
+StepFn = Callable[[torch.Tensor | None], torch.Tensor]
 
 
 def greedy_fast_decode(
