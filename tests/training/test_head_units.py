@@ -133,8 +133,9 @@ def test_compiling_compiles_each_block_s_forward_inside_its_wrapper() -> None:
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_fsdp2_sharded_head_module_matches_the_plain_one(one_rank: DistInfo, checkpointed: bool) -> None:
     """A flow head module sharded as the FSDP strategies shard it (its blocks, then the module as the root) gives
-    the plain module's velocity and gradients; `project_prefix` gathers its block's weights as a forward method
-    (unregistered, it would meet the sharded weights)."""
+    the plain module's velocity and gradients in training, and its sampled chunks in validation, where
+    `project_prefix` gathers its block's weights as a forward method (unregistered, it would meet the sharded
+    weights)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -155,6 +156,10 @@ def test_fsdp2_sharded_head_module_matches_the_plain_one(one_rank: DistInfo, che
         assert isinstance(p, DTensor), name
         expected_grad = grads[name.replace("_checkpoint_wrapped_module.", "")]
         assert torch.allclose(p.grad.full_tensor(), expected_grad, rtol=0, atol=1e-6), name
+    # Validation samples from keys and values each block's `project_prefix` made before the Euler steps.
+    with torch.no_grad():
+        expected, got = plain.eval()(head_inputs()), sharded.eval()(head_inputs())
+    assert torch.equal(got.actions, expected.actions) and torch.equal(got.prediction, expected.prediction)
 
 
 def test_bf16_ddp_steps_under_autocast_train_the_checkpointed_expert(one_rank: DistInfo) -> None:

@@ -108,6 +108,27 @@ def test_prefix_encoded_once_equals_recomputed_each_step_and_inputs_stay_untouch
     assert all(torch.equal(x[key], originals[key]) for key in x)
 
 
+def test_blocks_projecting_the_prefix_in_their_forward_give_the_cached_velocity_and_gradients():
+    """`encode_prefix(per_block=False)` (a training step's: one velocity per observation) leaves each block to
+    project the prefix inside its forward: the same numbers as the keys and values projected beforehand."""
+    x = inputs()
+    results = []
+    for per_block in (True, False):
+        expert = build()
+        cache = expert.encode_prefix(x["prefix"], x["mask"], per_block=per_block)
+        assert (cache.keys is None) is (not per_block) and cache.narrowed_BLW.shape == (
+            2,
+            PREFIX_LEN,
+            TINY.width,
+        )
+        v = expert(cache, x["x_t"], x["time"], x["proprio"])
+        v.square().sum().backward()
+        results.append((v, {name: p.grad for name, p in expert.named_parameters()}))
+    (cached, cached_grads), (inline, inline_grads) = results
+    assert torch.equal(inline, cached)
+    assert all(torch.equal(inline_grads[name], grad) for name, grad in cached_grads.items())
+
+
 def test_time_embedding_is_pi0s_sine_cosine_formula():
     # dim 2 has one period, the shortest (4e-3): t = 0.001 is a quarter turn, sin = 1 and cos = 0.
     one = time_embedding(torch.tensor([0.001]), 2)

@@ -57,18 +57,23 @@ def _modulate(x_BSW: torch.Tensor, shift_BW: torch.Tensor, scale_BW: torch.Tenso
 
 @dataclass(frozen=True)
 class PrefixCache:
-    """What `encode_prefix` computes once per observation: each block's prefix keys and values `[B, heads, L,
-    head_dim]` and the prefix mask `[B, L]` (True at real positions). Read, never written, by `forward`."""
+    """What `encode_prefix` computes once per observation: the prefix mask `[B, L]` (True at real positions), the
+    prefix narrowed to the expert's width `[B, L, width]` and, unless it was asked not to project it, each block's
+    prefix keys and values `[B, heads, L, head_dim]` (without them each block projects the narrowed prefix inside
+    its `forward`). Read, never written, by `forward`."""
 
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
     mask_BL: torch.Tensor
+    narrowed_BLW: torch.Tensor
+    keys: tuple[torch.Tensor, ...] | None = None
+    values: tuple[torch.Tensor, ...] | None = None
 
 
 class FlowExpertBlock(nn.Module):
     """One pre-norm transformer block over the suffix tokens: joint attention to the prefix's keys and values and to
     the suffix itself, then an MLP, each scaled and shifted by the time (adaLN) and gated (zero at init, so a new
-    block is the identity). Its own prefix key/value projection (`project_prefix`) runs once per observation."""
+    block is the identity). Its own prefix key/value projection runs once per observation: on its own
+    (`project_prefix`) when the velocity is wanted several times (the sampler's steps), inside `forward` when it is
+    wanted once (a training step)."""
 
     def __init__(self, options: FlowExpertOptions) -> None:
         super().__init__()
@@ -97,6 +102,9 @@ class FlowExpertBlock(nn.Module):
         Not `forward`, so FSDP2 gathers the block's parameters for it only as a registered forward method (the
         head module names it in `block_methods`; the FSDP strategies register it).
         """
+        return self._project(prefix_BLW)
+
+    def _project(self, prefix_BLW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.prefix_kv(prefix_BLW).chunk(2, dim=-1)
         return self._heads(keys).contiguous(), self._heads(values).contiguous()
 
@@ -104,10 +112,13 @@ class FlowExpertBlock(nn.Module):
         self,
         x_BSW: torch.Tensor,
         time_cond_BW: torch.Tensor,
-        prefix_keys: torch.Tensor,
-        prefix_values: torch.Tensor,
+        prefix: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
         key_mask_B11K: torch.Tensor,
     ) -> torch.Tensor:
+        """The suffix tokens after this block. `prefix`: this block's prefix keys and values as `project_prefix`
+        made them, or the narrowed prefix `[B, L, width]`, projected here: one call per observation (a training
+        step) then gathers the block's weights under FSDP2 once, not once for the projection and again for this."""
+        prefix_keys, prefix_values = self._project(prefix) if isinstance(prefix, torch.Tensor) else prefix
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.modulation(time_cond_BW).chunk(6, dim=-1)
         h = _modulate(self.attention_norm(x_BSW), shift_a, scale_a)
         query, key, value = (self._heads(part) for part in self.qkv(h).chunk(3, dim=-1))
@@ -161,8 +172,13 @@ class FlowExpert(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def encode_prefix(self, prefix_BLE: torch.Tensor, prefix_mask_BL: torch.Tensor) -> PrefixCache:
-        """Every block's keys and values of the prefix: computed once per observation, reused by each `forward`.
+    def encode_prefix(
+        self, prefix_BLE: torch.Tensor, prefix_mask_BL: torch.Tensor, *, per_block: bool = True
+    ) -> PrefixCache:
+        """The prefix, narrowed, and every block's keys and values of it: computed once per observation, reused by
+        each `forward`. With `per_block` False the blocks' keys and values are left to each block's `forward`, for
+        a velocity wanted once per observation (a training step: the same numbers, and under FSDP2 each block's
+        weights gathered once).
 
         Padded positions (`prefix_mask_BL` False) are zeroed before anything reads them, and masked out of the
         attention, so what they hold (even NaN) cannot reach the velocity. It runs inside the head module's
@@ -171,6 +187,7 @@ class FlowExpert(nn.Module):
         Args:
             prefix_BLE: the VLM's hidden states `[B, L, llm_dim]`.
             prefix_mask_BL: bool `[B, L]`, True at real positions.
+            per_block: whether to project the blocks' keys and values now.
         """
         if prefix_BLE.ndim != 3 or prefix_BLE.shape[-1] != self.llm_dim:
             raise ValueError(f"prefix {tuple(prefix_BLE.shape)} is not [B, L, llm_dim={self.llm_dim}]")
@@ -181,8 +198,10 @@ class FlowExpert(nn.Module):
             )
         prefix = prefix_BLE.to(self.prefix_in.weight.dtype).masked_fill(~prefix_mask_BL[..., None], 0.0)
         narrowed = self.prefix_in(self.prefix_norm(prefix))
+        if not per_block:
+            return PrefixCache(mask_BL=prefix_mask_BL, narrowed_BLW=narrowed)
         keys, values = zip(*(block.project_prefix(narrowed) for block in self.blocks), strict=True)
-        return PrefixCache(keys=tuple(keys), values=tuple(values), mask_BL=prefix_mask_BL)
+        return PrefixCache(prefix_mask_BL, narrowed, keys=tuple(keys), values=tuple(values))
 
     def forward(
         self,
@@ -224,8 +243,12 @@ class FlowExpert(nn.Module):
         )
         suffix_mask = torch.ones(batch, x.shape[1], dtype=torch.bool, device=x.device)
         key_mask = torch.cat([cache.mask_BL, suffix_mask], dim=1)[:, None, None, :]
-        for block, keys, values in zip(self.blocks, cache.keys, cache.values, strict=True):
-            x = block(x, time_cond, keys, values, key_mask)
+        if cache.keys is None or cache.values is None:
+            prefixes = [cache.narrowed_BLW] * len(self.blocks)
+        else:
+            prefixes = list(zip(cache.keys, cache.values, strict=True))
+        for block, prefix in zip(self.blocks, prefixes, strict=True):
+            x = block(x, time_cond, prefix, key_mask)
         shift, scale = self.output_modulation(time_cond).chunk(2, dim=-1)
         x = _modulate(self.output_norm(x[:, -self.chunk_size :]), shift, scale)
         # A fresh float32 tensor, never a view of the projection's output (FSDP2 warns of views a unit returns).

@@ -47,8 +47,9 @@ class FlowHeadModule(HeadModule):
     """The VLM's `action_head` for the flow head: its `expert` (a `FlowExpert`) and the sampler's step count.
 
     The expert's blocks are its units (`get_blocks`): each its own FSDP2 unit, checkpointed and compiled as the
-    LLM's layers are; a block's `project_prefix` runs outside its `forward` (once per observation), so FSDP2
-    gathers the block's weights for it too (`block_methods`). Under mixed precision the expert computes in the
+    LLM's layers are. Sampling runs a block's `project_prefix` outside its `forward` (once per observation, before
+    the Euler steps), so FSDP2 gathers the block's weights for it too (`block_methods`); a training step, which
+    wants one velocity, leaves the projection to the blocks' `forward`. Under mixed precision the expert computes in the
     dtype its weights come in (FSDP2's bf16 copies) or autocast's (DDP): it casts the noisy chunk, time embedding,
     prefix and proprio it is given to that dtype and returns a float32 velocity; times, noise and targets are
     drawn and formed in float32 (under FSDP2 the root unit hands the module the actions already in bf16, as it
@@ -71,7 +72,9 @@ class FlowHeadModule(HeadModule):
         """With `inputs.actions`: the velocity at a noised chunk and its target, plus, in eval mode (validation),
         a chunk sampled after them. Without (inference): the sampled chunk."""
         expert = self.expert
-        cache = expert.encode_prefix(inputs.hidden_BSE, inputs.mask_BS)
+        # A training step wants one velocity per observation: each block projects the prefix in its own forward.
+        once = self.training and inputs.actions is not None
+        cache = expert.encode_prefix(inputs.hidden_BSE, inputs.mask_BS, per_block=not once)
         proprio = inputs.proprio if expert.proprio_dim else None
         batch, device = inputs.hidden_BSE.shape[0], inputs.hidden_BSE.device
         shape = (batch, expert.chunk_size, expert.action_dim)
