@@ -74,6 +74,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         dist_info,
         resumed=resume is not None,
         timeout=timedelta(seconds=cfg.dist_timeout_s),
+        base=getattr(vlm, "run_files_dir", None),  # a --vla.base_vlm run or export of this head: its files
     )
     speed = resolve_speed_plan(cfg.vla, vlm, dist_info, **speed_options, flags=flags)
     strategy = build_strategy(vlm, cfg.vla, dist_info, speed)

@@ -202,11 +202,12 @@ class ActionHead(ABC):
         *,
         resumed: bool,
         timeout: timedelta,
+        base: Path | None = None,
     ) -> None:
         """Training, before any frame is laid out: set up what the head keeps in the run folder `folder` beside the
         statistics (FAST's vocabulary: fitted on a new run from `sample_chunks(n)`, n normalised training chunks
-        `[n, chunk_size, action_dim]`; read on a resume). Collective (`timeout`: how long ranks wait for rank 0).
-        Default: nothing."""
+        `[n, chunk_size, action_dim]`, or taken from `base`, the folder the starting model was loaded from, when it
+        has them; read on a resume). Collective (`timeout`: how long ranks wait for rank 0). Default: nothing."""
         return None
 
     def load_files(self, folder: Path | None) -> None:

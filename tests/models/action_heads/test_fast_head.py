@@ -314,3 +314,34 @@ def test_decoding_steps_until_every_rank_is_done_and_a_finished_row_stays_as_it_
     )
     assert rows == ([[1023]], [True]) and len(calls) == 4
     assert all_ranks_done(torch.device("cpu"))(False) is False  # no process group: this rank's answer
+
+
+def test_a_new_run_fits_its_vocabulary_unless_it_starts_from_a_fast_model(vocabulary, tmp_path: Path) -> None:
+    from prismatic.models.action_heads.fast import FastActionTokenizer
+    from prismatic.models.action_heads.fast.files import prepare_vocabulary
+    from prismatic.models.action_heads.fast.options import FastOptions
+
+    names = ("fast_tokenizer.json", "fast_tokenizer_settings.json")
+    from prismatic.util.dist import DistInfo
+
+    options, wait = FastOptions(**OPTIONS), timedelta(seconds=10)
+    one = DistInfo(rank=0, local_rank=0, world_size=1, num_nodes=1, device=torch.device("cpu"))
+    asked: list[int] = []
+
+    def sample(n: int) -> np.ndarray:
+        asked.append(n)
+        return smooth_chunks(3, n)
+
+    # From a model without a vocabulary (a base VLM, an OpenVLA export): fitted on the sample asked for.
+    plain, fitted, expected = tmp_path / "plain", tmp_path / "fitted", tmp_path / "expected"
+    plain.mkdir()
+    prepare_vocabulary(fitted, sample, one, options, resumed=False, timeout=wait, base=plain)
+    FastActionTokenizer.fit(smooth_chunks(3, 64), vocab_size=FAST_VOCAB, scale=10.0).save(expected)
+    assert asked == [OPTIONS["fit_chunks"]]
+    assert all((fitted / n).read_bytes() == (expected / n).read_bytes() for n in names)
+    # From a FAST model's folder: its vocabulary, byte for byte, and no sample read.
+    base, run = tmp_path / "base", tmp_path / "run"
+    vocabulary.save(base)
+    loaded = prepare_vocabulary(run, sample, one, options, resumed=False, timeout=wait, base=base)
+    assert asked == [OPTIONS["fit_chunks"]] and loaded.vocab_size == vocabulary.vocab_size
+    assert all((run / n).read_bytes() == (base / n).read_bytes() for n in names)

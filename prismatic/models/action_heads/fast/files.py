@@ -22,6 +22,7 @@ from prismatic.models.action_heads.fast.tokenizer import (
     FastActionTokenizer,
 )
 from prismatic.util.errors import ConfigError
+from prismatic.util.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +35,13 @@ def prepare_vocabulary(
     *,
     resumed: bool,
     timeout: timedelta,
+    base: Path | None = None,
 ) -> FastActionTokenizer:
     """The run's FAST vocabulary: on a new run, rank 0 fits it on `sample_chunks(options.fit_chunks)` (the training
     data's normalised chunks, a seeded sample: `prismatic.vla.datasets.builders.sample_training_chunks`) and saves
-    it in `folder` while the other ranks wait at a gloo barrier (`timeout`); a resumed run fits nothing. Every rank
-    then reads it from `folder`. Collective.
+    it in `folder` while the other ranks wait at a gloo barrier (`timeout`); a resumed run fits nothing. A new run
+    that starts from a FAST model (`base`: the folder it was loaded from, holding a vocabulary) copies that one
+    instead: the model's weights learnt its ids. Every rank then reads it from `folder`. Collective.
 
     Raises:
         ConfigError: a resumed run whose folder holds no vocabulary (or a damaged one).
@@ -58,6 +61,14 @@ def prepare_vocabulary(
     else:
 
         def fit_and_save() -> None:
+            if base is not None and all(
+                (Path(base) / n).is_file() for n in (FAST_TOKENIZER_FILE, FAST_SETTINGS_FILE)
+            ):
+                for name in (FAST_TOKENIZER_FILE, FAST_SETTINGS_FILE):  # the settings last, as `save` writes
+                    with atomic_write(folder / name, "FAST vocabulary") as out:
+                        out.write((Path(base) / name).read_bytes())
+                logger.info("FAST vocabulary: the starting model's, copied from %s into %s", base, folder)
+                return
             chunks = sample_chunks(options.fit_chunks)
             fast = FastActionTokenizer.fit(chunks, vocab_size=options.vocab_size, scale=options.scale)
             fast.save(folder)

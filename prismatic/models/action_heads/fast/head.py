@@ -134,12 +134,14 @@ class FastActionHead(ActionHead):
         *,
         resumed: bool,
         timeout: timedelta,
+        base: Path | None = None,
     ) -> None:
-        """Training: fit the vocabulary on a new run (rank 0) or read a resumed run's, then take it. Collective."""
+        """Training: fit the vocabulary on a new run (rank 0; a FAST `base` model's own, copied), or read a resumed
+        run's, then take it. Collective."""
         from prismatic.models.action_heads.fast.files import prepare_vocabulary
 
         fast = prepare_vocabulary(
-            folder, sample_chunks, dist_info, self.options, resumed=resumed, timeout=timeout
+            folder, sample_chunks, dist_info, self.options, resumed=resumed, timeout=timeout, base=base
         )
         self.use_vocabulary(fast)
 
