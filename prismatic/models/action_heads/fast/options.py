@@ -22,9 +22,7 @@ class FastOptions:
     vocab_size: int = 1024  # BPE ids at most (the 256 bytes plus merges); π0-FAST: 1024
     scale: float = 10.0  # DCT coefficients are multiplied by it, then rounded; π0-FAST: 10
     fit_chunks: int = 10_000  # training chunks (a seeded sample) the vocabulary is fitted on, once per run
-    max_decode_tokens: int = (
-        256  # tokens decoded at most per chunk (π0-FAST: 256); cut short, a chunk is rarely valid
-    )
+    max_decode_tokens: int = 256  # tokens decoded per chunk at most (π0-FAST: 256); cut: often invalid
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "fit_chunks", "max_decode_tokens"):
