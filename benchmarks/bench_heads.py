@@ -8,12 +8,12 @@ time and actions/s.
 Each phase is the project's own entry point in its own process: `collect_demos.py` once into `<work_dir>/data` (it
 reuses a dataset collected with the same flags), then per preset `train.py` (one process, `--trackers jsonl`) into
 `<work_dir>/runs/<preset>`, `eval_sim.py` into `<work_dir>/eval/<preset>`, and the trained policy's batched
-`predict_action_batch` timed as `benchmarks/bench_predict.py` times it. A phase whose output is already there with
-the same settings is not run again (`<phase>.json` beside it records them), so a benchmark cut short picks up where
-it stopped. Training step time is the median `step_time_s` of the run's `metrics.jsonl` after the first
-`--skip_steps` steps (start-up, first-touch allocation); actions/s counts every action of a chunk (a chunk head
-emits `chunk_size` actions per query, the tokens head one). Presets run one after the other, never in parallel: on a
-shared CPU they would time each other.
+`predict_action_batch` timed as `benchmarks/bench_predict.py` times it, on frames, instructions and states of the
+demonstrations. A phase whose output is already there with the same settings is not run again (`<phase>.json`
+beside it records them), so a benchmark cut short picks up where it stopped. Training step time is the median
+`step_time_s` of the run's `metrics.jsonl` after the first `--skip_steps` steps (start-up, first-touch allocation);
+actions/s counts every action of a chunk (a chunk head emits `chunk_size` actions per query, the tokens head one).
+Presets run one after the other, never in parallel: on a shared CPU they would time each other.
 """
 
 from __future__ import annotations
@@ -132,26 +132,46 @@ def _phase(marker: Path, settings: dict[str, Any], cmd: list[str], log: Path) ->
     return seconds
 
 
-def measure_actions_per_s(run: Path, batch_size: int, seconds: float) -> dict[str, Any]:
-    """Actions/s of `predict_action_batch` on the trained run, on random frames and the data's mid-range proprio,
-    timed by bench_predict's `timed` (median seconds per batch after a warm-up call)."""
+def demo_requests(data: Path, batch_size: int, step: int = 30) -> tuple[list[Any], list[str], Any]:
+    """Frames, instructions and states of `batch_size` demonstrations spread over the dataset in `data` (step
+    `step` of each, mid-motion): the inputs a policy meets in closed loop. A head whose decoding length depends on
+    what it predicts (fast) decodes random frames into other, often invalid, sequences, so random inputs would time
+    another workload."""
     import numpy as np
-    import torch
+
+    from prismatic.util.tf import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    (version,) = (data / "metaworld_mt50").glob("*.*.*")
+    dataset = tfds.builder_from_directory(str(version)).as_dataset(split="train", shuffle_files=False)
+    picked = []
+    for episode in tfds.as_numpy(dataset):
+        steps = list(episode["steps"])
+        picked.append(steps[min(step, len(steps) - 1)])
+    rows = np.linspace(0, len(picked) - 1, batch_size).round().astype(int)
+    images = [picked[i]["observation"]["image"] for i in rows]
+    instructions = [picked[i]["language_instruction"].decode() for i in rows]
+    states = np.stack([picked[i]["observation"]["state"] for i in rows]).astype(np.float32)
+    return images, instructions, states
+
+
+def measure_actions_per_s(run: Path, data: Path, batch_size: int, seconds: float) -> dict[str, Any]:
+    """Actions/s of `predict_action_batch` on the trained run, on frames, instructions and states of the
+    demonstrations, timed by bench_predict's `timed` (median seconds per batch after a warm-up call)."""
+    import torch  # before TensorFlow (demo_requests)
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from bench_predict import requests_for, timed
+    from bench_predict import timed
 
     from prismatic.inference import load_policy
 
     torch.manual_seed(0)
     policy = load_policy(str(run), device="cpu")
     key = policy.resolve_unnorm_key(None)
-    images, tasks = requests_for(policy, batch_size, np.random.default_rng(0))
-    proprio = None
-    if policy.action_spec.proprio_dim:
-        stats = policy.norm_stats[key]["proprio"]
-        middle = (np.asarray(stats["q01"], np.float32) + np.asarray(stats["q99"], np.float32)) / 2
-        proprio = np.repeat(middle[None], batch_size, axis=0)
+    images, tasks, states = demo_requests(data, batch_size)
+    proprio = states if policy.action_spec.proprio_dim else None
     per_batch = statistics.median(
         timed(lambda: policy.predict_action_batch(images, tasks, key, proprio=proprio), seconds)
     )
@@ -232,7 +252,9 @@ def bench_preset(preset: str, args: argparse.Namespace, data: Path, work: Path) 
         str(timing_file),
     ]
     predict += ["--predict_batch", str(args.predict_batch), "--predict_seconds", str(args.predict_seconds)]
+    predict += ["--data_dir", str(data)]
     predict_settings = {**train_settings, "batch": args.predict_batch, "seconds": args.predict_seconds}
+    predict_settings["inputs"] = "demonstrations"
     wall["predict"] = _phase(
         logs / f"{run_id}.predict.json", predict_settings, predict, logs / f"{run_id}.predict.log"
     )
@@ -280,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--predict_seconds", type=float, default=5.0, help="minimum time measuring actions/s")
     parser.add_argument("--actions_per_s_of", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--timing_out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data_dir", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -289,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.actions_per_s_of is not None:  # the predict phase, in its own process
-        timing = measure_actions_per_s(args.actions_per_s_of, args.predict_batch, args.predict_seconds)
+        timing = measure_actions_per_s(
+            args.actions_per_s_of, args.data_dir, args.predict_batch, args.predict_seconds
+        )
         print(timing)
         if args.timing_out is not None:
             args.timing_out.write_text(json.dumps(timing))
