@@ -22,6 +22,7 @@ import torch
 from train_runs import (
     ENV,
     REPO,
+    SAVE_EVERY,
     STEPS,
     TRAIN,
     assert_same_training_curve,
@@ -252,22 +253,35 @@ def run_two_nodes(args: list[str], tmp_path: Path, name: str) -> str:
     return text
 
 
-def test_two_nodes_on_one_machine_train_save_and_resume(full_run: Path, toy_data_root: Path, tmp_path: Path):
-    """torchrun --nnodes 2 (one process each, c10d rendezvous): a hybrid mesh (2 nodes x 1), save, resume."""
-    args = tiny_args(toy_data_root, tmp_path, "nodes")
-    text = run_two_nodes(args, tmp_path, "first")
-    assert "FSDP mesh: hybrid, 2 nodes (replicate) x 1 ranks (shard)" in text
-    run_dir = tmp_path / "nodes"
-    first = read_metrics(run_dir)
-    assert [r["step"] for r in first] == list(range(1, STEPS + 1))
-    assert sorted(checkpoints(run_dir)) == [3, 6]
-
+def test_two_nodes_on_one_machine_resume_train_and_save(full_run: Path, toy_data_root: Path, tmp_path: Path):
+    """torchrun --nnodes 2 (one process each, c10d rendezvous) resumes the 2-process run at step 3 on a hybrid mesh
+    (2 nodes x 1 rank), trains to the end and saves. The same 16 frames per step as the 2-process run, so the same
+    curve (to float rounding: the hybrid mesh all-reduces what the flat one reduce-scatters), and the checkpoint the
+    two nodes wrote is whole: DCP's converter reads every parameter and moment back in one process."""
+    run_dir = tmp_path / "full"
+    shutil.copytree(full_run, run_dir)
     shutil.rmtree(checkpoints(run_dir)[STEPS])
-    text = run_two_nodes([*args, "--resume"], tmp_path, "resumed")
-    assert "restored at frame 24 (snapshot)" in text
-    assert_same_training_curve(first, read_metrics(run_dir))
-    # Two ranks of 8 frames each per step on the same data as the 2-process run: the same first loss.
-    assert first[0]["loss"] == pytest.approx(read_metrics(full_run)[0]["loss"], rel=1e-5)
+    args = tiny_args(
+        toy_data_root, tmp_path, "full", "--resume", "--eval.interval", "3", "--eval.num_batches", "1"
+    )
+    text = run_two_nodes(args, tmp_path, "resumed")
+    assert "FSDP mesh: hybrid, 2 nodes (replicate) x 1 ranks (shard)" in text
+    assert "(snapshot)" in text and f"Training steps {SAVE_EVERY + 1} to {STEPS}" in text, text[-3000:]
+    full, again = read_metrics(full_run), read_metrics(run_dir)
+    assert [r["step"] for r in again] == list(range(1, STEPS + 1))
+    assert [r["frames"] for r in again] == [r["frames"] for r in full]
+    for a, b in zip(full[SAVE_EVERY:], again[SAVE_EVERY:], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), (a["step"], a["loss"], b["loss"])
+    assert sorted(checkpoints(run_dir)) == [SAVE_EVERY, STEPS]
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "reference").mkdir()
+    ours = consolidated(checkpoints(run_dir)[STEPS], tmp_path / "ours")
+    reference = consolidated(checkpoints(full_run)[STEPS], tmp_path / "reference")
+    assert ours["model"].keys() == reference["model"].keys()
+    assert ours["optimizer"]["state"].keys() == reference["optimizer"]["state"].keys()
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(ours["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert load_checkpoint_file(checkpoints(run_dir)[STEPS])["train_state"]["step"] == STEPS
 
 
 def test_a_lora_run_resumes_across_ddp_and_fsdp2_bit_for_bit(toy_data_root: Path, tmp_path: Path):

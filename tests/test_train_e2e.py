@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripts import import_script
 from train_runs import (
     REPO,
     SAVE_EVERY,
@@ -232,24 +233,20 @@ def test_mixture_dataset_missing_from_data_root_is_a_clear_error(toy_data_root: 
     assert "toy_push" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("strategy", ["fsdp-full-shard", "fsdp-shard-grad-op"])
-def test_fsdp_bf16_with_gradient_accumulation(strategy: str, toy_data_root: Path, tmp_path: Path):
-    """FSDP + bf16 + 4 accumulated micro-batches (2 x 2 processes x 8 = 32): the ViT block after the feature layer
-    never runs, and sharding it as its own unit crashed the first no-sync backward. Its weights still reach the
-    checkpoint, untrained."""
+def test_fsdp_bf16_with_gradient_accumulation(toy_data_root: Path, tmp_path: Path):
+    """FSDP + bf16 + 4 accumulated micro-batches (2 x 2 processes x 8 = 32), gradients reduced once per step
+    (`--grad_sync auto`: they fit here), so the first micro-batch's backward runs without a reduction: the ViT block
+    after the feature layer never runs, and sharding it as its own unit crashed that no-sync backward. Its weights
+    still reach the checkpoint, untrained. (ZeRO-2 with a reduction after every micro-batch, what `auto` picks when
+    the unsharded gradients would not fit: the fused-backbone run below.)"""
     from prismatic.models import build_vlm
 
     args = tiny_args(toy_data_root, tmp_path, "accum", "--vla.global_batch_size", "32")
-    args += ["--vla.max_steps", "2", "--vla.train_strategy", strategy]
-    args += ["--vla.enable_mixed_precision_training", "true"]
-    # ZeRO-2 with gradients reduce-scattered after every micro-batch (what --grad_sync auto picks when the
-    # unsharded gradients would not fit); full-shard with --grad_sync auto (they fit here: once per step).
-    grad_sync = "micro-batch" if strategy == "fsdp-shard-grad-op" else "auto"
-    args += ["--grad_sync", grad_sync]
+    args += ["--vla.max_steps", "2", "--vla.train_strategy", "fsdp-full-shard"]
+    args += ["--vla.enable_mixed_precision_training", "true", "--grad_sync", "auto"]
     proc = run_train(args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    expected = "after every micro-batch" if grad_sync == "micro-batch" else "once per step"
-    assert f"Gradient accumulation over 2 micro-batches: gradients reduced {expected}" in proc.stderr
+    assert "Gradient accumulation over 2 micro-batches: gradients reduced once per step" in proc.stderr
     records = read_metrics(tmp_path / "accum")
     assert [r["step"] for r in records] == [1, 2] and all(r["loss"] == r["loss"] for r in records)
     vision = load_checkpoint_file(checkpoints(tmp_path / "accum")[2])["model"]["vision_backbone"]
@@ -267,7 +264,8 @@ def test_fsdp_bf16_with_gradient_accumulation(strategy: str, toy_data_root: Path
 
 
 def test_fused_backbone_shard_grad_op_bf16_last_layer(toy_data_root: Path, tmp_path: Path):
-    """The other code paths: fused DINO+SigLIP backbone, ZeRO-2 sharding, bf16 mixed precision, frozen stages."""
+    """The other code paths: fused DINO+SigLIP backbone, ZeRO-2 sharding, bf16 mixed precision, frozen stages, and
+    2 accumulated micro-batches (2 x 2 processes x 8 = 32) with gradients reduce-scattered after every one."""
     proc = run_train(
         [
             "--vla.type",
@@ -296,9 +294,16 @@ def test_fused_backbone_shard_grad_op_bf16_last_layer(toy_data_root: Path, tmp_p
             "true",
             "--checkpoint.data_snapshot",
             "false",
+            "--vla.global_batch_size",
+            "32",
+            "--grad_sync",
+            "micro-batch",
         ]
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert (
+        "Gradient accumulation over 2 micro-batches: gradients reduced after every micro-batch" in proc.stderr
+    )
     # --checkpoint.data_snapshot false: the checkpoint holds no data-stream snapshot (a resume then skips frames).
     assert sorted(checkpoints(tmp_path / "fused")) == [2]
     assert not (checkpoints(tmp_path / "fused")[2] / "data").exists()
@@ -358,22 +363,11 @@ def test_export_hf_then_fine_tune_from_it(full_run: Path, toy_data_root: Path, t
         for key, value in sd.items():
             assert torch.equal(exported[f"{module}.{key}"], value), key
 
-    # The model-only export: one safetensors file that loads as the same model, with the run's statistics.
+    # The model-only export (the script's main, in this process: the command line ran just above): one safetensors
+    # file that loads as the same model, with the run's statistics.
     st_dir = tmp_path / "st"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "vla_scripts" / "export_hf.py"),
-            "--checkpoint",
-            str(checkpoints(full_run)[STEPS]),
-        ]
-        + ["--out_dir", str(st_dir), "--format", "safetensors", "--dtype", "float32"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    argv = ["--checkpoint", str(checkpoints(full_run)[STEPS]), "--out_dir", str(st_dir)]
+    assert import_script("export_hf").main([*argv, "--format", "safetensors", "--dtype", "float32"]) == 0
     assert sorted(p.name for p in st_dir.rglob("*") if p.is_file()) == [
         "config.json",
         "dataset_statistics.json",
@@ -459,27 +453,10 @@ def test_lora_fsdp_merge_and_ddp(toy_data_root: Path, tmp_path: Path):
     assert ckpt["optimizer"]["state"] and all(".lora_" in name for name in ckpt["optimizer"]["state"])
 
     # The adapter model (built fresh, checkpoint loaded strictly) and the merged run folder give the same logits.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "vla_scripts" / "merge_lora.py"),
-            "--checkpoint",
-            str(checkpoints(run)[4]),
-        ]
-        + [
-            "--out_dir",
-            str(tmp_path / "merged"),
-            "--hf_out_dir",
-            str(tmp_path / "hf"),
-            "--hf_dtype",
-            "float32",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # merge_lora.py's main runs in this process (its command line's refusals: tests/test_cli_errors.py).
+    argv = ["--checkpoint", str(checkpoints(run)[4]), "--out_dir", str(tmp_path / "merged")]
+    argv += ["--hf_out_dir", str(tmp_path / "hf"), "--hf_dtype", "float32"]
+    assert import_script("merge_lora").main(argv) == 0
     adapter_model = build_vlm("tiny-vit+tiny-llama")
     adapter_model.freeze_backbones("vla-full-train")
     apply_lora(adapter_model, LoraSettings(rank=8, alpha=16.0))
@@ -496,15 +473,19 @@ def test_lora_fsdp_merge_and_ddp(toy_data_root: Path, tmp_path: Path):
             got = model.eval()(batch["input_ids"], batch["attention_mask"], batch["pixel_values"]).logits
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
-    # DDP (with bf16 autocast) trains the same adapters, here with 2 micro-batches of 1 per step and rank
-    # (tests/training/test_accumulation_numerics.py checks DDP's accumulated update by value).
+    # DDP (with bf16 autocast) trains the same adapters through train.py, here in one process with 2 micro-batches
+    # of 1 per step (tests/training/test_accumulation_numerics.py checks DDP's accumulated update on 2 ranks, with
+    # LoRA and autocast, by value).
     args = lora_args(
         "lora-ddp", "--vla.train_strategy", "ddp", "--vla.enable_mixed_precision_training", "true"
     )
     args[args.index("--vla.max_steps") + 1] = "2"
     args[args.index("--vla.per_device_batch_size") + 1] = "1"
-    proc = run_train(args)
+    args[args.index("--vla.global_batch_size") + 1] = "2"
+    args += ["--vla.expected_world_size", "1"]
+    proc = run_train(args, nproc=None)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "Gradient accumulation over 2 micro-batches: gradients reduced once per step" in proc.stderr
     records = read_metrics(tmp_path / "lora-ddp")
-    assert [r["step"] for r in records] == [1, 2] and [r["frames"] for r in records] == [4, 8]
+    assert [r["step"] for r in records] == [1, 2] and [r["frames"] for r in records] == [2, 4]
+    assert load_checkpoint_file(checkpoints(tmp_path / "lora-ddp")[2])["train_state"]["world_size"] == 1

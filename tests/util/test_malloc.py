@@ -25,7 +25,7 @@ import ctypes, tempfile
 from prismatic.util.tf import import_tensorflow
 tf = import_tensorflow()
 work = lambda x: tf.strings.as_string(tf.zeros([2000]) + tf.cast(x, tf.float32))
-for _ in tf.data.Dataset.range(4000).map(work, num_parallel_calls=8):
+for _ in tf.data.Dataset.range(800).map(work, num_parallel_calls=8):
     pass
 libc = ctypes.CDLL("libc.so.6")
 libc.fopen.restype = ctypes.c_void_p
