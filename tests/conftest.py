@@ -80,6 +80,7 @@ LONGEST_FIRST = (
     "test_eval_libero.py",
     "test_oft_e2e.py",
     "test_fast_e2e.py",
+    "test_flow_e2e.py",
     "test_validation.py",
     "test_new_model_family.py",
     "test_rlds_open_x.py",

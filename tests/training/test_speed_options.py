@@ -437,34 +437,45 @@ def test_compile_falls_back_to_eager_where_the_compiler_cannot_run(
         get_train_strategy(_tiny()[0], vla, one_rank).setup(1)
 
 
-def _probe_on_two_ranks(rank: int, store: str, out: str, setting: str) -> None:
-    """Rank 1's compiler is broken, rank 0's works: record what each rank's set-up did."""
+def _probe_on_two_ranks(rank: int, store: str, out: str) -> None:
+    """Rank 1's compiler is broken, rank 0's works: record what each rank's set-up did under each setting (one pair
+    of processes for both: each costs seconds of imports)."""
     os.environ["LOCAL_WORLD_SIZE"] = "2"  # one node of two ranks, as torchrun would say
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     base.compiler_problem = lambda device, *_: "RuntimeError: cc is not found." if rank == 1 else None
     speed_plan.compiles = lambda vla, device, strategy: True  # as `auto` is for LoRA on CUDA
-    vla = get_vla_config(VLA)
-    vla.speed.compile, vla.enable_mixed_precision_training = setting, False
-    strategy = get_train_strategy(_tiny()[0], vla, DistInfo(rank, rank, 2, 1, CPU))
-    records: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: records.append(record.getMessage())
-    logging.getLogger(base.__name__).addHandler(handler)
-    try:
-        strategy.setup(1)
-        result = {"compiled": strategy.compiled, "warnings": records}
-    except ConfigError as error:
-        result = {"error": str(error)}
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    for setting in ("auto", "on"):
+        vla = get_vla_config(VLA)
+        vla.speed.compile, vla.enable_mixed_precision_training = setting, False
+        strategy = get_train_strategy(_tiny()[0], vla, DistInfo(rank, rank, 2, 1, CPU))
+        records: list[str] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record, records=records: records.append(record.getMessage())
+        logging.getLogger(base.__name__).addHandler(handler)
+        try:
+            strategy.setup(1)
+            result = {"compiled": strategy.compiled, "warnings": records}
+        except ConfigError as error:
+            result = {"error": str(error)}
+        finally:
+            logging.getLogger(base.__name__).removeHandler(handler)
+        Path(out, f"{setting}-rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
     dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("compiler_probes")
+    mp.spawn(_probe_on_two_ranks, args=(str(out / "store"), str(out)), nprocs=2, join=True)
+    return out
+
+
 @pytest.mark.parametrize("setting", ["auto", "on"])
-def test_ranks_agree_when_the_compiler_fails_on_one(tmp_path: Path, setting: str) -> None:
+def test_ranks_agree_when_the_compiler_fails_on_one(probes: Path, setting: str) -> None:
     """All ranks compile or none (the same graphs, the same numbers): a probe failing on rank 1 alone sends both
     ranks eager under `auto`, and stops both under `on`, rank 0 naming rank 1."""
-    mp.spawn(_probe_on_two_ranks, args=(str(tmp_path / "store"), str(tmp_path), setting), nprocs=2, join=True)
-    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    zero, one = (json.loads((probes / f"{setting}-rank{r}.json").read_text()) for r in range(2))
     if setting == "auto":
         assert zero["compiled"] is False and one["compiled"] is False
         assert zero["warnings"] == [
