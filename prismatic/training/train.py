@@ -23,6 +23,7 @@ import torch.distributed as dist
 from prismatic.conf.train import TrainConfig
 from prismatic.models.hf_openvla import export_hf_openvla
 from prismatic.models.loading import load_vla, spec_of
+from prismatic.run_layout import CHECKPOINTS_DIR
 from prismatic.training.checkpointing import build_checkpointer
 from prismatic.training.metrics import StepMetrics
 from prismatic.training.model_setup import attach_action_head, build_vlm
@@ -74,7 +75,7 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         dist_info,
         resumed=resume is not None,
         timeout=timedelta(seconds=cfg.dist_timeout_s),
-        base=getattr(vlm, "run_files_dir", None),  # a --vla.base_vlm run or export of this head: its files
+        base=starting_files_dir(cfg, vlm),  # the starting weights' run (or export): its head files
     )
     speed = resolve_speed_plan(cfg.vla, vlm, dist_info, **speed_options, flags=flags)
     strategy = build_strategy(vlm, cfg.vla, dist_info, speed)
@@ -152,6 +153,17 @@ def train(cfg: TrainConfig) -> dict[str, float] | int:
         log_summary(run, data.num_training_steps, last)
     destroy_distributed()
     return last
+
+
+def starting_files_dir(cfg: TrainConfig, vlm: torch.nn.Module) -> Path | None:
+    """The folder of the run (or export) whose weights a new run starts from, where a head finds the files those
+    weights learnt (FAST's vocabulary): `--pretrained_checkpoint X --is_resume false`'s run (X in <run>/checkpoints/;
+    else X's own folder), else the `--vla.base_vlm` run or export it was loaded from (None: neither)."""
+    checkpoint = cfg.pretrained_checkpoint
+    if checkpoint is not None and not cfg.is_resume:
+        checkpoint = Path(checkpoint).resolve()
+        return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS_DIR else checkpoint.parent
+    return getattr(vlm, "run_files_dir", None)
 
 
 def _after_step(counters: dict[str, int]) -> str:
