@@ -15,7 +15,8 @@ controller; `vla_scripts/eval_libero.py` is the same evaluation under LIBERO's o
 LeRobot's (the corner2 camera turned upright, 4-D state and action, success at any step, 500 steps). Frames go to
 the policy resized as its training data was, centre-cropped for runs trained with image augmentation
 (`--center_crop` overrides); a chunk head's chunk runs open loop. `--policy_url` asks a running
-`vla_scripts/serve.py` instead of loading the model here. Prints the table with 95 % Wilson intervals and writes
+`vla_scripts/serve.py` instead of loading the model here. Prints the table with 95 % Wilson intervals (and, in
+process, a head's chunks that did not decode: `invalid_chunks`) and writes
 `results.json`, `metrics.jsonl` (one record per episode; `--trackers jsonl wandb` as in training) and, with
 `--save_videos`, one mp4 per episode into `--out_dir` (default `<run>/eval_<benchmark>/<suite>`).
 """

@@ -8,7 +8,8 @@ r"""Offline evaluation: how well a trained policy predicts the actions of a held
 
 Reports per dataset and overall (definitions in `prismatic/inference/evaluation.py`): action-token accuracy, L1
 and MSE of un-normalised actions per dimension and their means, gripper accuracy (last dimension, open when
-> 0.5: OpenVLA's convention, gripper in [0, 1] with 1 = open) and the number of frames. Prints a table and
+> 0.5: OpenVLA's convention, gripper in [0, 1] with 1 = open), the number of frames and, for a head whose
+answers can fail to decode (fast), the chunks that did not (`invalid_chunks`). Prints a table and
 writes JSON: beside a `checkpoints/*.pt` file as `<checkpoint name>.eval-<split>.json`, inside a folder as
 `eval-<split>.json`, in the current folder for a Hub id; `--out` overrides.
 

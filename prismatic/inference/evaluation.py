@@ -15,6 +15,9 @@ For a policy with a chunk head (`l1-chunk`), every frame's prediction is a chunk
 frame's next K raw actions (the pipeline's future window, as in training): L1 / MSE / gripper accuracy pool all K
 positions, and `l1_per_chunk_position` gives the L1 (mean over dimensions) at each position 0..K-1 (how error grows
 with the horizon); action-token accuracy is None (no tokens).
+For a head whose answers can fail to decode (`fast`: ids that are not a chunk give zeros, `HeadPrediction.valid`),
+`invalid_chunks` counts the frames answered by such a stand-in (their zeros are scored like any prediction); the key
+is absent for heads whose answers always decode.
 
 Under torchrun every rank decodes a disjoint shard of the split (the pipeline splits trajectories by rank), keeps
 its own sums, and one `all_reduce` at the end adds them up: no collective per batch, so ranks with unequal shards
@@ -114,6 +117,9 @@ class EvalMetrics:
         self.correct_gripper = np.zeros(num, np.float64)
         self.abs_error = np.zeros((num, chunk_size, action_dim), np.float64)
         self.sq_error = np.zeros((num, chunk_size, action_dim), np.float64)
+        # Frames whose validity the head reported, and those of them that did not decode (`HeadPrediction.valid`).
+        self.checked = np.zeros(num, np.float64)
+        self.invalid = np.zeros(num, np.float64)
 
     def update(
         self,
@@ -122,6 +128,7 @@ class EvalMetrics:
         true_token_ids: np.ndarray | None,
         pred_actions: np.ndarray,
         true_actions: np.ndarray,
+        valid: np.ndarray | None = None,
     ) -> None:
         """Add a batch of B frames.
 
@@ -129,6 +136,7 @@ class EvalMetrics:
             dataset_names: B dataset names (each one of `self.dataset_names`).
             pred_token_ids, true_token_ids: int `[B, A]` action token ids (None for a policy without tokens).
             pred_actions, true_actions: `[B, A]` (`[B, K, A]` with chunks) actions in robot units (un-normalised).
+            valid: bool `[B]`, whether each prediction decoded (`DecodedActions.valid`; None: not reported).
         """
         pred = np.asarray(pred_actions, np.float64).reshape(
             len(dataset_names), -1, np.shape(pred_actions)[-1]
@@ -149,6 +157,8 @@ class EvalMetrics:
         unknown = sorted(set(dataset_names) - set(self.index))
         if unknown:
             raise ValueError(f"Frames of datasets {unknown} not among {self.dataset_names}.")
+        if valid is not None and np.shape(valid) != (len(dataset_names),):
+            raise ValueError(f"valid has shape {np.shape(valid)}, expected ({len(dataset_names)},) (frames).")
         rows = np.array([self.index[name] for name in dataset_names], np.int64)
         error = pred - true
         gripper_open = pred[..., -1] > self.gripper_threshold
@@ -160,6 +170,9 @@ class EvalMetrics:
         )
         np.add.at(self.abs_error, rows, np.abs(error))
         np.add.at(self.sq_error, rows, error**2)
+        if valid is not None:
+            np.add.at(self.checked, rows, 1.0)
+            np.add.at(self.invalid, rows, (~np.asarray(valid, bool)).astype(np.float64))
 
     def _packed(self) -> np.ndarray:
         return np.concatenate(
@@ -169,15 +182,18 @@ class EvalMetrics:
                 self.correct_gripper,
                 self.abs_error.ravel(),
                 self.sq_error.ravel(),
+                self.checked,
+                self.invalid,
             ]
         )
 
     def _unpack(self, packed: np.ndarray) -> None:
         num, dims = len(self.dataset_names), self.chunk_size * self.action_dim
         shape = (num, self.chunk_size, self.action_dim)
-        parts = np.split(packed, np.cumsum([num, num, num, num * dims]))
+        parts = np.split(packed, np.cumsum([num, num, num, num * dims, num * dims, num]))
         self.frames, self.correct_tokens, self.correct_gripper = parts[0], parts[1], parts[2]
         self.abs_error, self.sq_error = parts[3].reshape(shape), parts[4].reshape(shape)
+        self.checked, self.invalid = parts[5], parts[6]
 
     def all_reduce(self, device: torch.device | str = "cpu") -> None:
         """Sum every rank's counts and errors (one `all_reduce`, SUM) so that `summary()` covers all ranks.
@@ -214,7 +230,7 @@ class EvalMetrics:
 
     def summary(self) -> dict[str, Any]:
         """`{"overall": metrics, "datasets": {name: metrics}}`; metrics as in the module docstring (None where a
-        dataset has no frames)."""
+        dataset has no frames), with `invalid_chunks` in every group once any frame's validity was reported."""
         datasets = {
             name: self._group(
                 self.frames[i],
@@ -232,6 +248,10 @@ class EvalMetrics:
             self.abs_error.sum(axis=0),
             self.sq_error.sum(axis=0),
         )
+        if self.checked.sum() > 0:
+            overall["invalid_chunks"] = int(self.invalid.sum())
+            for i, name in enumerate(self.dataset_names):
+                datasets[name]["invalid_chunks"] = int(self.invalid[i])
         return {"overall": overall, "datasets": datasets}
 
 
@@ -314,6 +334,7 @@ def evaluate_frames(
             true_ids,
             decoded.actions,
             np.stack([f["raw_action"] for f in batch]),
+            decoded.valid,
         )
         evaluated += len(batch)
     return evaluated
@@ -504,17 +525,21 @@ def _fmt(value: float | None, width: int, spec: str = "#.4g") -> str:
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
-    """The summary as text tables: one row per dataset and overall, then L1 and MSE per action dimension."""
+    """The summary as text tables: one row per dataset and overall (and the invalid chunks, where the head counts
+    them), then L1 and MSE per action dimension."""
     rows = [*summary["datasets"].items(), ("overall", summary["overall"])]
     width = max(12, *(len(name) for name, _ in rows))
+    counts_invalid = "invalid_chunks" in summary["overall"]
     header = (
         f"{'dataset':<{width}}  {'frames':>8}  {'token_acc':>9}  {'gripper_acc':>11}  {'L1':>9}  {'MSE':>9}"
+        + (f"  {'invalid':>8}" if counts_invalid else "")
     )
     lines = [header, "-" * len(header)]
     for name, m in rows:
         lines.append(
             f"{name:<{width}}  {m['num_frames']:>8d}  {_fmt(m['action_token_accuracy'], 9, '.4f')}  "
             f"{_fmt(m['gripper_accuracy'], 11, '.4f')}  {_fmt(m['l1_mean'], 9)}  {_fmt(m['mse_mean'], 9)}"
+            + (f"  {m['invalid_chunks']:>8d}" if counts_invalid else "")
         )
     tables = [
         ("L1 per action dimension (robot units; last = gripper)", "l1_per_dim"),

@@ -75,6 +75,7 @@ class DecodedActions:
     normalized: np.ndarray  # float64 [B, A] ([B, K, A] for a chunk head)
     actions: np.ndarray  # float64 [B, A] ([B, K, A] for a chunk head)
     logprobs: np.ndarray  # float32 [B, A] (NaN for a continuous head: it has no token distribution)
+    valid: np.ndarray | None = None  # bool [B]: the head's `HeadPrediction.valid` (None: always valid)
 
 
 def resolve_device_dtype(
@@ -397,7 +398,9 @@ class VLAPolicy:
         )
         predicted = self.head.predict(self.vlm, request)
         actions = self.unnormalize(predicted.normalized, resolved)
-        return DecodedActions(predicted.token_ids, predicted.normalized, actions, predicted.logprobs)
+        return DecodedActions(
+            predicted.token_ids, predicted.normalized, actions, predicted.logprobs, predicted.valid
+        )
 
     def predict_action_batch(
         self,

@@ -4,6 +4,10 @@ Both take a batch of observations already prepared by the protocol (`PolicyQuery
 `(chunk, action_dim)` per query, un-normalised with the suite's statistics: a tokens head gives a chunk of one,
 an l1-chunk head its `chunk_size`. The server is driven with OpenVLA's `/act` payload, one HTTP request per query,
 sent concurrently so that its dynamic batcher decodes them together (GPU server, CPU simulators).
+
+A source may also say which of its chunks are stand-ins for an answer that did not decode (FAST's zeros): its
+`act` then returns `Chunks` with `valid`, which the rollout counts per episode. The in-process source does, for a
+head that reports it (`HeadPrediction.valid`); the server's `/act` answer carries only the actions.
 """
 
 from __future__ import annotations
@@ -48,13 +52,23 @@ class PolicyFacts:
     action_dims: dict[str, int] = field(default_factory=dict)  # numbers per action, by statistics key
 
 
+class Chunks(list):
+    """`act`'s answer when the source knows which chunks decoded: the chunks (a list, as any source answers), and
+    `valid`, one bool per chunk (False: the head's stand-in for ids that did not decode)."""
+
+    def __init__(self, chunks: Sequence[np.ndarray], valid: Sequence[bool]) -> None:
+        super().__init__(chunks)
+        self.valid = [bool(v) for v in valid]
+
+
 class ActionSource(Protocol):
     """Answers action chunks for a batch of queries."""
 
     facts: PolicyFacts
 
     def act(self, queries: Sequence[PolicyQuery], unnorm_key: str) -> list[np.ndarray]:
-        """One `(chunk, action_dim)` float64 chunk per query, un-normalised with `unnorm_key`."""
+        """One `(chunk, action_dim)` float64 chunk per query, un-normalised with `unnorm_key` (a `Chunks` when
+        the source knows which decoded)."""
         ...
 
     def close(self) -> None:
@@ -68,7 +82,7 @@ def _as_chunk(action: np.ndarray) -> np.ndarray:
 
 
 class InProcessSource:
-    """A `VLAPolicy` in this process: every query of a step is decoded in one `predict_action_batch` call."""
+    """A `VLAPolicy` in this process: every query of a step is decoded in one `decode_batch` call."""
 
     def __init__(self, policy: Any, trained_with_image_aug: bool | None) -> None:
         self.policy = policy
@@ -86,10 +100,11 @@ class InProcessSource:
     def act(self, queries: Sequence[PolicyQuery], unnorm_key: str) -> list[np.ndarray]:
         images = [list(q.views) if len(q.views) > 1 else q.views[0] for q in queries]
         proprio = np.stack([q.proprio for q in queries]) if self.facts.proprio_dim else None
-        actions = self.policy.predict_action_batch(
+        decoded = self.policy.decode_batch(
             images, [q.instruction for q in queries], unnorm_key, proprio=proprio
         )
-        return [_as_chunk(a) for a in actions]
+        chunks = [_as_chunk(a) for a in decoded.actions]
+        return chunks if decoded.valid is None else Chunks(chunks, decoded.valid)
 
     def close(self) -> None:
         """Nothing to release: the policy belongs to the caller."""

@@ -310,6 +310,8 @@ class _Progress:
         self.bar.set_postfix(success=f"{100 * rate:.1f}%")
         record = {"task_id": result.spec.task_id, "episode": result.spec.episode_idx}
         record |= {"success": float(result.success), "steps": result.steps, "success_rate_so_far": rate}
+        if result.invalid_chunks is not None:  # a head whose chunks may not decode (fast)
+            record["invalid_chunks"] = result.invalid_chunks
         for tracker in self.trackers:
             tracker.log(self.done, record)
         if self.videos_in is not None:

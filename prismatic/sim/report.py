@@ -3,6 +3,9 @@ as a printed table and as JSON.
 
 Wilson's interval, not the normal approximation: at 50 episodes per task, rates near 0 % or 100 % are common and
 the normal interval would cross them.
+
+Where the policy said which of its chunks did not decode (FAST's zeros, `EpisodeResult.invalid_chunks`), every task
+row, the overall row and each episode carry `invalid_chunks`; otherwise the key is absent.
 """
 
 from __future__ import annotations
@@ -55,6 +58,15 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
         for (suite, task_id), counts in sorted(table.items())
     ]
     wins = sum(r.success for r in results)
+    overall = _row(wins, len(results))
+    counted = [r for r in results if r.invalid_chunks is not None]
+    if counted:
+        for task in tasks:
+            key = (task["suite"], task["task_id"])
+            task["invalid_chunks"] = sum(
+                r.invalid_chunks for r in counted if (r.spec.suite, r.spec.task_id) == key
+            )
+        overall["invalid_chunks"] = sum(r.invalid_chunks for r in counted)
     episodes = [
         {
             "suite": r.spec.suite,
@@ -66,10 +78,11 @@ def summarize(results: Sequence[EpisodeResult]) -> dict[str, Any]:
             "actions_digest": r.actions_digest,
             "final_eef_pos": list(r.final_eef_pos),
             **({"error": r.error} if r.error else {}),
+            **({"invalid_chunks": r.invalid_chunks} if r.invalid_chunks is not None else {}),
         }
         for r in results
     ]
-    return {"tasks": tasks, "overall": _row(wins, len(results)), "episodes": episodes}
+    return {"tasks": tasks, "overall": overall, "episodes": episodes}
 
 
 def protocol_record(settings: RolloutSettings) -> dict[str, Any]:
@@ -92,12 +105,19 @@ def _percent(row: Mapping[str, Any]) -> str:
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
-    """The table printed at the end: one line per task, then the overall line."""
-    lines = [f"{'task':>4}  {'successes':>9}  {'rate':>6}  {'95% CI':>14}  instruction"]
+    """The table printed at the end: one line per task, then the overall line (with an `invalid` column, the
+    chunks that did not decode, where the policy counts them)."""
+    counts = "invalid_chunks" in summary["overall"]
+    invalid_header = "invalid  " if counts else ""
+    lines = [f"{'task':>4}  {'successes':>9}  {'rate':>6}  {'95% CI':>14}  {invalid_header}instruction"]
+
+    def invalid(row: Mapping[str, Any]) -> str:
+        return f"{row['invalid_chunks']:>7d}  " if counts else ""
+
     for row in summary["tasks"]:
         count = f"{row['successes']}/{row['episodes']}"
-        lines.append(f"{row['task_id']:>4}  {count:>9}  {_percent(row)}  {row['instruction']}")
+        lines.append(f"{row['task_id']:>4}  {count:>9}  {_percent(row)}  {invalid(row)}{row['instruction']}")
     overall = summary["overall"]
     count = f"{overall['successes']}/{overall['episodes']}"
-    lines.append(f"{'all':>4}  {count:>9}  {_percent(overall)}")
+    lines.append(f"{'all':>4}  {count:>9}  {_percent(overall)}  {invalid(overall)}".rstrip())
     return "\n".join(lines)

@@ -64,6 +64,7 @@ class EpisodeResult:
     seconds: float = 0.0
     actions_digest: str = ""  # SHA-1 of every action stepped (float64 bytes): equal digests, equal episodes
     final_eef_pos: tuple[float, ...] = ()  # where the end effector was last observed (metres, world frame)
+    invalid_chunks: int | None = None  # chunks that did not decode (stand-ins); None: the source does not say
     frames: list[np.ndarray] = field(default_factory=list, repr=False)
 
 
@@ -77,6 +78,7 @@ class _Running:
     queue: deque[np.ndarray] = field(default_factory=deque)
     frames: list[np.ndarray] = field(default_factory=list)
     digest: Any = field(default_factory=hashlib.sha1)
+    invalid_chunks: int | None = None
 
 
 def _query(observation: Any, instruction: str, settings: RolloutSettings) -> PolicyQuery:
@@ -112,6 +114,7 @@ def run_episodes(
             time.perf_counter() - state.started,
             state.digest.hexdigest(),
             tuple(float(x) for x in state.observation.eef_pos),
+            state.invalid_chunks,
             state.frames,
         )
         results[index] = result
@@ -158,8 +161,12 @@ def _refill_queues(
     if not asking:
         return
     queries = [_query(s.observation, s.instruction, settings) for s in asking]
-    for state, chunk in zip(asking, source.act(queries, settings.unnorm_key), strict=True):
+    chunks = source.act(queries, settings.unnorm_key)
+    valid = getattr(chunks, "valid", None)  # a `Chunks` answer says which chunks decoded
+    for i, (state, chunk) in enumerate(zip(asking, chunks, strict=True)):
         state.queue.extend(to_env(chunk[: settings.open_loop_steps]))
+        if valid is not None:
+            state.invalid_chunks = (state.invalid_chunks or 0) + (not valid[i])
 
 
 def _next_action(state: _Running, settings: RolloutSettings, dummy: np.ndarray) -> np.ndarray:

@@ -133,6 +133,9 @@ class HeadPrediction:
     token_ids: np.ndarray  # int64 [B, A] ([B, 0] for a continuous head)
     normalized: np.ndarray  # float64 [B, A] ([B, K, A] for a chunk head)
     logprobs: np.ndarray  # float32, one per decoded token (NaN for a continuous head: no token distribution)
+    # bool [B]: whether each row's ids decoded to actions (False: a stand-in, e.g. FAST's zeros); None: the head's
+    # answers always decode. Evaluations count the False rows.
+    valid: np.ndarray | None = None
 
 
 class ActionHead(ABC):

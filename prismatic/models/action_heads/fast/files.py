@@ -40,8 +40,9 @@ def prepare_vocabulary(
     """The run's FAST vocabulary: on a new run, rank 0 fits it on `sample_chunks(options.fit_chunks)` (the training
     data's normalised chunks, a seeded sample: `prismatic.vla.datasets.builders.sample_training_chunks`) and saves
     it in `folder` while the other ranks wait at a gloo barrier (`timeout`); a resumed run fits nothing. A new run
-    that starts from a FAST model (`base`: the folder it was loaded from, holding a vocabulary) copies that one
-    instead: the model's weights learnt its ids. Every rank then reads it from `folder`. Collective.
+    that starts from a FAST model (`base`: the run or export its weights come from, `train.starting_files_dir`,
+    holding a vocabulary) copies that one instead: the model's weights learnt its ids. Every rank then reads it
+    from `folder`. Collective.
 
     Raises:
         ConfigError: a resumed run whose folder holds no vocabulary (or a damaged one).

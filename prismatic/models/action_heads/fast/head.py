@@ -7,7 +7,8 @@ EOS; labels on those and EOS, the loss the LLM's own (as the tokens head's). The
 at its first start on its training chunks and kept in its run folder (`files.py`).
 Inference: greedy decoding constrained to the FAST ids and EOS, until EOS or `--vla.head.fast.max_decode_tokens`;
 the ids are read back into a chunk, and a sequence that does not decode to exactly `chunk_size x action_dim`
-coefficients gives zeros, as π0-FAST's `extract_actions` does. Such chunks are counted: the policy's head keeps
+coefficients gives zeros, as π0-FAST's `extract_actions` does. Such chunks are counted: each prediction marks them
+(`HeadPrediction.valid`, which the offline and closed-loop evaluations count), the policy's head keeps
 `invalid_count` / `predicted_count` (and warns), validation reports `invalid_rate` beside the held-out L1 of the
 decoded chunks.
 """
@@ -273,4 +274,6 @@ class FastActionHead(ActionHead):
                 self.predicted_count,
             )
         shape = (batch, self.spec.chunk_size, self.spec.action_dim)
-        return HeadPrediction(np.zeros((batch, 0), np.int64), chunks, np.full(shape, np.nan, np.float32))
+        return HeadPrediction(
+            np.zeros((batch, 0), np.int64), chunks, np.full(shape, np.nan, np.float32), valid=valid
+        )
