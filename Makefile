@@ -9,7 +9,7 @@ RUN_ROOT  ?= runs
 NPROC     ?= 2
 VLA       ?= tiny+mx-toy
 
-.PHONY: install demo demo-toy test check format clean
+.PHONY: install demo demo-toy test test-learning check format clean
 
 # Fresh venv + project (editable) + test tools. torch/torchvision are pinned in pyproject.toml.
 $(STAMP): pyproject.toml
@@ -51,8 +51,13 @@ demo-toy: $(STAMP)
 
 # Two pytest-xdist workers, one thread each (a module stays on one worker; the longest first, tests/conftest.py): CI
 # has 2 cores.
+# `make test`: every CPU test but the closed-loop learning ones (marker `learning`), which `make test-learning` runs
+# on its own (scripted demonstrations, a tiny policy trained on them, episodes in Meta-World: minutes); CI runs both.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not learning"
+
+test-learning: $(STAMP)
+	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -m learning
 
 # The GPU suite (tests/gpu, marker `gpu`; `make test` skips it without CUDA): NCCL, FSDP2 + bf16 + accumulation vs
 # CPU, CPU offload, async DCP of CUDA tensors, DDP + autocast, validation under CUDA graphs, the policy and server in

@@ -22,9 +22,13 @@ from scripts import import_script
 from train_runs import run_train
 
 MISSING = [name for name in ("metaworld", "mujoco") if importlib.util.find_spec(name) is None]
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"Meta-World is not installed (missing {', '.join(MISSING)}): `make install`"
-)
+# `make test-learning` (CI's step after `make test`): minutes of collection, training and closed-loop episodes.
+pytestmark = [
+    pytest.mark.learning,
+    pytest.mark.skipif(
+        bool(MISSING), reason=f"Meta-World is not installed (missing {', '.join(MISSING)}): `make install`"
+    ),
+]
 
 TASK = "drawer-open-v3"
 DEMOS = 24  # scripted demonstrations (collect_demos' seeds, disjoint from the evaluation's)
