@@ -95,3 +95,35 @@ def test_the_flow_run_is_a_seeded_policy_and_serves_its_chunks(runs: tuple[Path,
         answer = client.post("/act", content=json_numpy.dumps({**payload, "proprio": proprio.tolist()}))
         assert answer.status_code == 200, answer.text
         np.testing.assert_allclose(json_numpy.loads(answer.text), chunk, rtol=1e-5, atol=1e-6)
+
+
+def test_both_exports_of_a_flow_run_answer_as_the_run(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """The HF OpenVLA folder and the model-only safetensors folder (`export_hf.py --format hf|safetensors`) hold
+    the expert and its options: loaded as policies, they sample the run's chunk from the same seed."""
+    from scripts import import_script
+
+    import prismatic
+
+    export = import_script("export_hf")
+    checkpoint = str(checkpoints(runs[1])[STEPS])
+    for fmt in ("hf", "safetensors"):
+        argv = [
+            "--checkpoint",
+            checkpoint,
+            "--out_dir",
+            str(tmp_path / fmt),
+            "--format",
+            fmt,
+            "--dtype",
+            "float32",
+        ]
+        assert export.main(argv) == 0
+    image = np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    proprio = np.linspace(0.5, -0.5, P)
+    chunks = [
+        prismatic.load_policy(folder).predict_action(image, "push", unnorm_key="toy_push", proprio=proprio)
+        for folder in (runs[1], tmp_path / "hf", tmp_path / "safetensors")
+    ]
+    for fmt, chunk in zip(("hf", "safetensors"), chunks[1:], strict=True):
+        assert prismatic.load_policy(tmp_path / fmt).action_spec.head == "flow", fmt
+        np.testing.assert_allclose(chunk, chunks[0], rtol=1e-5, atol=1e-6, err_msg=fmt)
