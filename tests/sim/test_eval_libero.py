@@ -1,15 +1,16 @@
 """`vla_scripts/eval_libero.py` end to end on CPU: the tiny OFT LIBERO preset trained on the LIBERO-shaped toy data,
-then evaluated in the simulator (1 task, 2 episodes, 12 policy steps): the same episodes for 1 and 2 simulators and
-through `serve.py` behind a token as in process, OpenVLA-OFT's inputs (wrist view, proprio, whole chunks), and bad
-input refused in one paragraph with exit code 2."""
+then evaluated in the simulator (1 task, 2 episodes, 12 policy steps): OpenVLA-OFT's inputs (wrist view, proprio,
+whole chunks) and the report in process on one simulator, the same episodes on two simulators through `serve.py`
+behind a token, and bad input refused in one paragraph with exit code 2.
+
+Simulators cost CPU seconds each (a LIBERO scene takes ~6 s to build and ~3 s to reset), so the module runs two
+evaluations: one simulator in process, two behind the server; their episodes must agree, which covers both "the
+same for 1 and 2 simulators" and "the server gives the in-process episodes"."""
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,6 @@ from train_runs import free_port, run_train
 
 from prismatic.vla.datasets.rlds.toy import build_libero_toy_datasets
 
-REPO = Path(__file__).resolve().parents[2]
 SMOKE = ["--task_suite", "libero_spatial", "--tasks", "0", "--num_trials_per_task", "2", "--max_steps", "12"]
 
 
@@ -57,12 +57,13 @@ def evaluate(args: list[str], out_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def in_process(libero_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """The run evaluated in this process with one simulator, W&B (offline) and jsonl on: (report, its folder)."""
+    """The run evaluated in this process with one simulator, W&B (offline) and jsonl on, and a video per episode:
+    (report, its folder)."""
     out = tmp_path_factory.mktemp("in_process")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_MODE", "offline")  # W&B never needs a login in tests
-        flags = ["--checkpoint", str(libero_run), *SMOKE, "--num_envs", "1", "--trackers", "jsonl", "wandb"]
-        return evaluate(flags, out), out
+        flags = ["--checkpoint", str(libero_run), *SMOKE, "--num_envs", "1", "--save_videos"]
+        return evaluate([*flags, "--trackers", "jsonl", "wandb"], out), out
 
 
 def episode_table(report: dict) -> list[tuple]:
@@ -78,14 +79,8 @@ def assert_same_episodes(got: dict, expected: dict) -> None:
         assert np.allclose(a["final_eef_pos"], b["final_eef_pos"], rtol=0, atol=1e-4)
 
 
-def test_chunk_head_rollout_is_the_same_for_1_and_2_simulators(
-    libero_run: Path, in_process: tuple[dict, Path], tmp_path: Path
-) -> None:
+def test_chunk_head_rollout_reads_ofts_inputs_and_reports(in_process: tuple[dict, Path]) -> None:
     one, one_dir = in_process
-    two = evaluate(
-        ["--checkpoint", str(libero_run), *SMOKE, "--num_envs", "2", "--save_videos"], tmp_path / "two"
-    )
-    assert_same_episodes(two, one)
     assert [e["episode"] for e in one["episodes"]] == [0, 1]
     # 10 settling steps + 12 policy steps, unless the (untrained) policy succeeded first.
     assert all(e["steps"] == 22 or e["success"] for e in one["episodes"])
@@ -109,17 +104,18 @@ def test_chunk_head_rollout_is_the_same_for_1_and_2_simulators(
     (offline,) = (one_dir / "wandb").glob("offline-run-*")
     assert sum(f.stat().st_size for f in offline.glob("run-*.wandb")) > 0
     # --save_videos: one mp4 per episode, named by task, episode and outcome.
-    videos = sorted(p.name for p in (tmp_path / "two" / "videos").iterdir())
-    assert videos == [f"task00-episode0{i}-success={e['success']}.mp4" for i, e in enumerate(two["episodes"])]
-    assert all((tmp_path / "two" / "videos" / name).stat().st_size > 1000 for name in videos)
+    videos = sorted(p.name for p in (one_dir / "videos").iterdir())
+    assert videos == [f"task00-episode0{i}-success={e['success']}.mp4" for i, e in enumerate(one["episodes"])]
+    assert all((one_dir / "videos" / name).stat().st_size > 1000 for name in videos)
 
 
-def test_server_behind_a_token_gives_the_in_process_episodes(
+def test_two_simulators_behind_a_token_give_the_in_process_episodes_of_one(
     libero_run: Path, in_process: tuple[dict, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`serve.py --auth_token_env` on the chunk-head run (wrist view, proprio), driven by `--policy_url` with
-    `--policy_auth_token_env`: the server answers no request without the token, the wrist view or the proprio, and
-    its chunks give the in-process episodes, one query per chunk of 8 policy steps."""
+    `--policy_auth_token_env` and two simulators: the server answers no request without the token, the wrist view or
+    the proprio, and its chunks give the episodes of one simulator in process (the same table however many
+    simulators run, and through the server), one query per chunk of 8 policy steps."""
     import requests
 
     token = secrets.token_urlsafe(32)
@@ -137,26 +133,29 @@ def test_server_behind_a_token_gives_the_in_process_episodes(
     assert token not in (tmp_path / "serve.log").read_text()
 
 
-def run_script(*args: str, **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "vla_scripts/eval_libero.py", *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, **env}
-    )
+def refused(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    """The script's `main` in this process must exit 2 with one paragraph and no traceback (its command line's
+    exit code is tests/test_cli_errors.py's catalogue's)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        _script_main()(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
 
 
-def one_paragraph(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    return proc.stderr
-
-
-def test_bad_input_is_one_paragraph(libero_run: Path, libero_config: Path) -> None:
+def test_bad_input_is_one_paragraph(
+    libero_run: Path, libero_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """What needs a run or the machine to find out (flag mistakes are in tests/test_cli_errors.py's catalogue)."""
     run = str(libero_run)
-    text = one_paragraph(run_script("--checkpoint", run, "--tasks", "0", MUJOCO_GL="glfw"))
+    with monkeypatch.context() as patch:
+        patch.setenv("MUJOCO_GL", "glfw")
+        text = refused(["--checkpoint", run, "--tasks", "0"], capsys)
     assert "MUJOCO_GL=glfw" in text and "egl, osmesa" in text
-    text = one_paragraph(run_script("--checkpoint", run, "--task_suite", "libero_goal", "--tasks", "0"))
+    text = refused(["--checkpoint", run, "--task_suite", "libero_goal", "--tasks", "0"], capsys)
     assert "libero_goal" in text and "libero_spatial_no_noops" in text  # the keys it has
     port = free_port()  # nothing listens there
-    text = one_paragraph(run_script("--policy_url", f"http://127.0.0.1:{port}", "--tasks", "0"))
+    text = refused(["--policy_url", f"http://127.0.0.1:{port}", "--tasks", "0"], capsys)
     assert f"127.0.0.1:{port}" in text and "serve.py" in text
