@@ -157,13 +157,13 @@ def test_hf_export_has_no_record_and_the_policy_is_handed_the_centre_crop(
     settings = rollout_settings(cfg, LIBERO, source.facts)
     assert settings.center_crop is True
     handed = []
-    predict = source.policy.predict_action_batch
+    predict = source.policy.decode_batch
 
     def spy(images, instructions, unnorm_key, **kwargs):
         handed.extend(images)
         return predict(images, instructions, unnorm_key, **kwargs)
 
-    monkeypatch.setattr(source.policy, "predict_action_batch", spy)
+    monkeypatch.setattr(source.policy, "decode_batch", spy)
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:64, 0:64]
     frame = np.clip(np.stack([x * 4, y * 4, (x + y) * 2], -1) + rng.integers(0, 20, (64, 64, 3)), 0, 255)
