@@ -1,8 +1,9 @@
 """The LIBERO layer: suite tables and id checks, LIBERO's config and assets, the rendering back-end check, the
-observation OpenVLA / OFT read, and one real simulator (robot axes, per-episode resets).
+observation OpenVLA / OFT read, and real simulators in EnvPool's workers (robot axes, per-episode resets, the same
+observations on either simulator and after any other episode).
 
-The simulator tests need LIBERO (`make install`); they are skipped with the reason when it is missing. They render
-at 128 px to keep the CPU cost down (the resolution changes no physics), in a worker process.
+The simulator tests need LIBERO (`make install`); they are skipped with the reason when it is missing. They share one
+pool of two workers (building a LIBERO scene costs ~6 CPU-s) and render at 128 px (the resolution changes no physics).
 """
 
 from __future__ import annotations
@@ -240,8 +241,9 @@ def test_observation_is_rotated_and_proprio_is_ofts_state() -> None:
 
 @pytest.fixture(scope="module")
 def spatial(libero_config: Path) -> Iterator[EnvPool]:
-    """One simulator worker for this module; libero_spatial task 0 at 128 px is built at its first reset (~5 s)."""
-    with EnvPool(LIBERO, 1, resolution=128) as pool:
+    """Two simulator workers for this module; a worker builds libero_spatial task 0 at 128 px at its first reset
+    (~6 CPU-s, then ~3 per reset: LIBERO rebuilds its scene each time). The tests use slot 0; the pool test both."""
+    with EnvPool(LIBERO, 2, resolution=128) as pool:
         yield pool
 
 
@@ -255,9 +257,17 @@ def _step(pool: EnvPool, action: Sequence[float]) -> LiberoObservation:
     return outcome.observation
 
 
-def test_task_facts(spatial: EnvPool) -> None:
-    _reset(spatial, 49)  # the last of the task's 50 fixed initial states
-    assert spatial.language("libero_spatial", 0) == SPATIAL_0
+ACTIONS = [  # a short scripted episode: move, turn, close the gripper
+    np.array([0.6, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]),
+    np.array([0.0, -0.4, 0.5, 0.0, 0.2, 0.0, -1.0]),
+    np.array([0.0, 0.0, -0.3, 0.1, 0.0, -0.2, 1.0]),
+]
+FIELDS = ("full_image", "wrist_image", "proprio", "eef_pos")
+
+
+def test_task_facts(libero_config: Path) -> None:
+    """LIBERO's task table (the instruction a worker's simulator reads, and episode 49, are checked on the pool
+    below)."""
     assert task_language("libero_spatial", 0) == SPATIAL_0
     from libero.libero import benchmark  # after libero_config: LIBERO reads its config at import
 
@@ -285,29 +295,52 @@ def test_robot_axes(spatial: EnvPool) -> None:
         assert moved[axis] > 0.03, f"axis {axis}: {moved}"  # up to 5 cm a step at full scale
         # The others drift by the controller's tracking error (~1 cm here); a swapped axis would move ~0.
         assert np.all(np.abs(np.delete(moved, axis)) < 0.4 * moved[axis]), f"axis {axis}: {moved}"
+    # An action of the wrong size is refused before it reaches the simulator.
+    with pytest.raises(ValueError, match=r"A LIBERO action has shape \(7,\), got \(6,\) for slot 0"):
+        spatial.step([np.zeros(6)])
 
 
-def test_reset_depends_only_on_the_episode(spatial: EnvPool) -> None:
-    first = _reset(spatial, 0)
-    for _ in range(3):
-        _step(spatial, [0.5, 0.2, -0.3, 0.0, 0.0, 0.1, 1.0])
-    other = _reset(spatial, 1)
-    again = _reset(spatial, 0)
-    for name in ("full_image", "wrist_image", "proprio", "eef_pos"):
-        assert np.array_equal(getattr(first, name), getattr(again, name)), name
-    assert not np.array_equal(first.full_image, other.full_image)  # another fixed initial state
+def test_an_episode_depends_only_on_itself_not_on_the_simulator_or_what_ran_before(spatial: EnvPool) -> None:
+    """EnvPool: two episodes side by side on two simulators, then one after the other in the other order on one of
+    them (which ran the other episode just before) give the same observations at every step. This is why an
+    evaluation's table is the same for any `--num_envs` (tests/sim/test_eval_libero.py compares 1 and 2 end to
+    end)."""
+    episodes = [
+        EpisodeSpec("libero_spatial", 0, episode_idx=0),
+        EpisodeSpec("libero_spatial", 0, episode_idx=49),  # the last of the task's 50 fixed initial states
+    ]
+
+    def trace(first: LiberoObservation, outcomes: list) -> list[LiberoObservation]:
+        assert all(o.error is None and not o.success for o in outcomes)
+        return [first] + [o.observation for o in outcomes]
+
+    firsts = spatial.reset(episodes)  # slot 0: episode 0, slot 1: episode 49
+    steps = [spatial.step([action, action]) for action in ACTIONS]
+    together = [trace(firsts[slot], [step[slot] for step in steps]) for slot in (0, 1)]
+    assert spatial.language("libero_spatial", 0) == SPATIAL_0  # as the workers' simulators read it
+    alone = {}
+    for index in (1, 0):  # on slot 0 alone: episode 49 after episode 0, then episode 0 after episode 49
+        first = spatial.reset({0: episodes[index]})[0]
+        alone[index] = trace(first, [spatial.step({0: action})[0] for action in ACTIONS])
+    with pytest.raises(ConfigError, match="Episode 99 has no fixed initial state"):  # raised in the worker
+        spatial.reset({0: EpisodeSpec("libero_spatial", 0, episode_idx=99)})
+
+    for index in (0, 1):
+        for step, (a, b) in enumerate(zip(together[index], alone[index], strict=True)):
+            for name in FIELDS:
+                assert np.array_equal(getattr(a, name), getattr(b, name)), (index, step, name)
+    # Another fixed initial state: another scene from the first frame on.
+    assert not np.array_equal(together[0][0].full_image, together[1][0].full_image)
+    assert not np.array_equal(together[0][-1].full_image, together[1][-1].full_image)
 
 
-def test_bad_episode_and_action(spatial: EnvPool) -> None:
+def test_bad_episode(spatial: EnvPool) -> None:
     with pytest.raises(ConfigError) as info:
         _reset(spatial, 50)
     assert str(info.value) == (
         "Episode 50 has no fixed initial state: LIBERO's libero_spatial task 0 has 50 (episodes 0-49); ask for at "
         "most 50 trials per task."
     )
-    _reset(spatial, 0)
-    with pytest.raises(ValueError, match=r"A LIBERO action has shape \(7,\), got \(6,\) for slot 0"):
-        spatial.step([np.zeros(6)])
 
 
 def test_no_simulator_beside_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
