@@ -439,10 +439,9 @@ for _suite in _LIBERO_SUITES[1:]:
 # rule's own, flow/matching.py). openpi fine-tunes a pretrained expert (and keeps an EMA of the weights, which we do
 # not); this one starts from scratch beside OpenVLA. Meta-World has no published π0 recipe: the LIBERO one on MT50's
 # demonstrations with its one camera. tests/conf/test_flow_7b_presets.py pins each value against its source. ===
-_PI0_LIBERO: dict[str, Any] = {
-    "action_head": "flow",
-    "chunk_size": 50,
-    "head": {"flow": {"width": 1024, "depth": 18, "num_heads": 8, "mlp_ratio": 4.0, "num_steps": 10}},
+# openpi's LIBERO training for both its heads (π0 here, π0-FAST below): full fine-tuning, TrainConfig's 30k steps at
+# batch 32, and its optimizer defaults.
+_OPENPI_LIBERO_TRAINING: dict[str, Any] = {
     "use_lora": False,
     "train_strategy": "auto",
     "max_steps": 30_000,
@@ -453,7 +452,13 @@ _PI0_LIBERO: dict[str, Any] = {
     "max_grad_norm": 1.0,
     "lr_scheduler_type": "linear-warmup+cosine-decay",
     "warmup_ratio": 1_000 / 30_000,
-    "num_steps_before_decay": None,  # OFT's step decay is not π0's schedule
+    "num_steps_before_decay": None,  # OFT's step decay is not openpi's schedule
+}
+_PI0_LIBERO: dict[str, Any] = {
+    "action_head": "flow",
+    "chunk_size": 50,
+    "head": {"flow": {"width": 1024, "depth": 18, "num_heads": 8, "mlp_ratio": 4.0, "num_steps": 10}},
+    **_OPENPI_LIBERO_TRAINING,
 }
 for _suite in _LIBERO_SUITES:
     register_vla(f"openvla-flow-7b+libero_{_suite}", f"openvla-oft-7b+libero_{_suite}", **_PI0_LIBERO)
@@ -576,16 +581,7 @@ _PI0_FAST_LIBERO: dict[str, Any] = {
     "chunk_size": 10,
     "use_proprio": True,
     "num_images": 2,
-    "use_lora": False,
-    "train_strategy": "auto",
-    "max_steps": 30_000,
-    "global_batch_size": 32,
-    "per_device_batch_size": 4,  # 8 GPUs x 4 = 32, no accumulation
-    "learning_rate": 2.5e-5,
-    "weight_decay": 1e-10,
-    "max_grad_norm": 1.0,
-    "lr_scheduler_type": "linear-warmup+cosine-decay",
-    "warmup_ratio": 1_000 / 30_000,
+    **_OPENPI_LIBERO_TRAINING,
 }
 for _suite in _LIBERO_SUITES:
     register_vla(f"openvla-fast-7b+libero_{_suite}", f"openvla-7b+libero_{_suite}", **_PI0_FAST_LIBERO)
