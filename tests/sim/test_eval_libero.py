@@ -3,9 +3,9 @@ then evaluated in the simulator (1 task, 2 episodes, 12 policy steps): OpenVLA-O
 whole chunks) and the report in process on one simulator, the same episodes on two simulators through `serve.py`
 behind a token, and bad input refused in one paragraph with exit code 2.
 
-Simulators cost CPU seconds each (a LIBERO scene takes ~6 s to build and ~3 s to reset), so the module runs two
-evaluations: one simulator in process, two behind the server; their episodes must agree, which covers both "the
-same for 1 and 2 simulators" and "the server gives the in-process episodes"."""
+Simulators cost seconds of CPU each (LIBERO builds its scene at start and rebuilds it at every reset), so the module
+runs two evaluations: one simulator in process, two behind the server; their episodes must agree, which covers both
+"the same for 1 and 2 simulators" and "the server gives the in-process episodes"."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ observation OpenVLA / OFT read, and real simulators in EnvPool's workers (robot 
 observations on either simulator and after any other episode).
 
 The simulator tests need LIBERO (`make install`); they are skipped with the reason when it is missing. They share one
-pool of two workers (building a LIBERO scene costs ~6 CPU-s) and render at 128 px (the resolution changes no physics).
+pool of two workers (building a LIBERO scene costs seconds of CPU) and render at 128 px (the resolution changes no
+physics).
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ def test_observation_is_rotated_and_proprio_is_ofts_state() -> None:
 @pytest.fixture(scope="module")
 def spatial(libero_config: Path) -> Iterator[EnvPool]:
     """Two simulator workers for this module; a worker builds libero_spatial task 0 at 128 px at its first reset
-    (~6 CPU-s, then ~3 per reset: LIBERO rebuilds its scene each time). The tests use slot 0; the pool test both."""
+    (seconds of CPU, and again at every reset: LIBERO rebuilds its scene). The tests use slot 0; the pool test both."""
     with EnvPool(LIBERO, 2, resolution=128) as pool:
         yield pool
 

@@ -2,7 +2,7 @@
 asked; a dead worker raises; leaving the pool (Ctrl-C included) stops the workers.
 
 That an episode's observations do not depend on the simulator that runs it or on what ran before is in
-tests/sim/test_libero_env.py, on the pool its simulator tests share (a LIBERO scene costs ~6 CPU-s to build).
+tests/sim/test_libero_env.py, on the pool its simulator tests share (a LIBERO scene costs seconds of CPU to build).
 """
 
 from __future__ import annotations
