@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -198,9 +198,17 @@ def compile_blocks(vlm: PrismaticVLM, compile_kwargs: Mapping[str, Any] | None =
     part of the compiled backward, instead of a compiled forward run again from inside the backward pass. Call
     after activation checkpointing and before `apply_fsdp`.
     """
+    return compile_each_block(running_blocks(vlm), compile_kwargs)
+
+
+def compile_each_block(
+    blocks: Sequence[torch.nn.Module], compile_kwargs: Mapping[str, Any] | None = None
+) -> int:
+    """`compile_blocks`' rule for any stack of blocks (an action head's too): each block's wrapped `forward`, or the
+    whole wrapper for a `SelectiveCheckpointWrapper` or any checkpoint wrapper under `reduce-overhead`. Returns the
+    number compiled."""
     kwargs = dict(compile_kwargs or {})
     graphs = kwargs.get("mode") == "reduce-overhead"
-    blocks = running_blocks(vlm)
     for block in blocks:
         inner = getattr(block, "_checkpoint_wrapped_module", block)
         whole = isinstance(block, SelectiveCheckpointWrapper) or (graphs and inner is not block)

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from prismatic.models.action_heads.base import HeadModule
-from prismatic.models.parallelize import SelectiveCheckpointWrapper
+from prismatic.models.parallelize import SelectiveCheckpointWrapper, compile_each_block
 from prismatic.util.checkpointing_policy import checkpointing_stride
 
 
@@ -55,15 +54,7 @@ def compile_head_blocks(head: HeadModule | None, compile_kwargs: Mapping[str, An
     compiled whole. Call after `checkpoint_head_blocks`, before sharding. Returns the number compiled."""
     if head is None:
         return 0
-    kwargs = dict(compile_kwargs or {})
-    graphs = kwargs.get("mode") == "reduce-overhead"
-    blocks = head.get_blocks()
-    for block in blocks:
-        inner = getattr(block, "_checkpoint_wrapped_module", block)
-        whole = isinstance(block, SelectiveCheckpointWrapper) or (graphs and inner is not block)
-        target = block if whole else inner
-        target.forward = torch.compile(target.forward, **kwargs)
-    return len(blocks)
+    return compile_each_block(head.get_blocks(), compile_kwargs)
 
 
 def shard_head_blocks(head: HeadModule | None, **fully_shard_kwargs: Any) -> int:
