@@ -179,3 +179,42 @@ def test_a_flow_run_folder_loads_as_a_seeded_policy(flow_vlm, tmp_path: Path) ->
     chunk = policy.predict_action(image, "pick up the block", proprio=proprio)
     assert chunk.shape == (K, D) and np.isfinite(chunk).all()
     assert np.array_equal(policy.predict_action(image, "pick up the block", proprio=proprio), chunk)
+
+
+def test_under_lora_the_expert_trains_whole_and_the_vlm_through_its_adapters() -> None:
+    """π0's split, through the same set-up a LoRA run does (`build_vlm`: stage, then adapters; the action side after):
+    every expert and proprio-projector weight trains, the VLM only through its LoRA adapters; a few steps move the
+    expert and the adapters and leave every other VLM weight as it was."""
+    from prismatic.models import build_vlm
+    from prismatic.models.lora import LoraSettings, apply_lora
+    from prismatic.training.model_setup import action_spec
+
+    cfg = parse_config(TrainConfig, FLAGS)
+    spec = action_spec(cfg.vla, {"a": {"action": {"q01": [0.0] * D}, "proprio": {"q01": [0.0] * P}}})
+    torch.manual_seed(0)
+    vlm = build_vlm(BASE)
+    vlm.freeze_backbones("vla-full-train")
+    apply_lora(vlm, LoraSettings(rank=4, alpha=8.0))
+    vlm.attach_action_modules(spec)
+    trainable = {name for name, p in vlm.named_parameters() if p.requires_grad}
+    side = {
+        name for name, _ in vlm.named_parameters() if name.startswith(("action_head.", "proprio_projector."))
+    }
+    assert side and side <= trainable  # the whole expert and the proprio projector
+    vlm_trainable = trainable - side
+    assert vlm_trainable and all(".lora_" in name for name in vlm_trainable)
+
+    head, batch = _head_and_batch(vlm, ["pick up the red block", "push"])
+    optimizer = torch.optim.AdamW([p for p in vlm.parameters() if p.requires_grad], lr=1e-3)
+    before = {name: p.detach().clone() for name, p in vlm.named_parameters()}
+    torch.manual_seed(0)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = head(vlm, batch).loss
+        assert torch.isfinite(loss)
+        loss.backward()
+        optimizer.step()
+    changed = {name for name, p in vlm.named_parameters() if not torch.equal(p, before[name])}
+    assert any(name.startswith("action_head.expert.blocks.") for name in changed)
+    assert any(".lora_B." in name for name in changed)  # B starts at zero: moved means the VLM trained
+    assert changed <= trainable  # no frozen base weight moved
