@@ -53,10 +53,8 @@ demo-toy: $(STAMP)
 # has 2 cores.
 # `make test`: every CPU test but the closed-loop learning ones (marker `learning`), which `make test-learning` runs
 # on its own (scripted demonstrations, a tiny policy trained on them, episodes in Meta-World: minutes); CI runs both.
-# One inductor compile thread: the tiny models' few kernels do not pay for starting a pool of compile workers in
-# every process that compiles.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not learning"
+	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not learning"
 
 test-learning: $(STAMP)
 	OMP_NUM_THREADS=1 WANDB_MODE=offline WANDB_SILENT=true $(BIN)/pytest -q -m learning
